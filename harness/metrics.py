@@ -1,0 +1,178 @@
+"""Element-wise bit-level metrics of two arrays of the same dtype and size.
+
+Everything is computed on unsigned-integer views, chunk by chunk: the only full pass is the
+"which bits differ" scan; ULP distance, NaN/Inf classes and abs/rel error are then computed on the
+differing elements only (equal elements contribute 0 to all of them). Chunks run on a thread pool:
+numpy releases the GIL in these kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.dtypes import FLOAT_DTYPES, FloatLayout, dtype_name, unsigned_view
+
+ULP_BUCKETS = ("0", "1", "2-3", "4-15", ">=16")
+_BUCKET_EDGES = np.array([1, 2, 4, 16], dtype=np.int64)  # ulp < edge -> bucket index
+CHUNK_ELEMENTS = 1 << 22
+WORST_K = 16
+
+
+@dataclass
+class WorstElement:
+    flat_index: int
+    ulp: int | None  # None for a NaN/Inf class mismatch
+    a_bits: int
+    b_bits: int
+
+
+@dataclass
+class ElementStats:
+    """Metrics of one pair; all counts are over elements."""
+
+    elements: int = 0
+    differing: int = 0  # strict: bit patterns differ
+    signed_zero_only: int = 0  # +0 vs -0
+    nan_payload_only: int = 0  # both NaN, different payload/sign
+    nan_mismatch: int = 0  # NaN on exactly one side
+    inf_mismatch: int = 0  # Inf on at least one side, not NaN, not equal
+    max_ulp: int = 0
+    max_ulp_flat_index: int | None = None
+    ulp_histogram: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ULP_BUCKETS, 0))
+    max_abs: float = 0.0
+    max_abs_flat_index: int | None = None
+    max_rel: float = 0.0
+    max_rel_flat_index: int | None = None
+    worst: list[WorstElement] = field(default_factory=list)
+
+    @property
+    def bitwise_equal(self) -> bool:
+        return self.differing == 0
+
+    @property
+    def canonical_equal(self) -> bool:
+        """Equal once every NaN is one pattern (signed zeros still differ)."""
+        return self.differing == self.nan_payload_only
+
+    def merge(self, other: ElementStats) -> None:
+        self.elements += other.elements
+        self.differing += other.differing
+        self.signed_zero_only += other.signed_zero_only
+        self.nan_payload_only += other.nan_payload_only
+        self.nan_mismatch += other.nan_mismatch
+        self.inf_mismatch += other.inf_mismatch
+        for bucket in ULP_BUCKETS:
+            self.ulp_histogram[bucket] += other.ulp_histogram[bucket]
+        for name in ("max_ulp", "max_abs", "max_rel"):
+            if getattr(other, name) > getattr(self, name):
+                setattr(self, name, getattr(other, name))
+                setattr(self, f"{name}_flat_index", getattr(other, f"{name}_flat_index"))
+        self.worst = _top_worst(self.worst + other.worst)
+
+
+def _top_worst(items: list[WorstElement]) -> list[WorstElement]:
+    # Class mismatches (ulp None) rank above any finite distance.
+    key = lambda w: (w.ulp is not None, -(w.ulp or 0), w.flat_index)  # noqa: E731
+    return sorted(items, key=key)[:WORST_K]
+
+
+def ordered_ints(bits: np.ndarray, layout: FloatLayout) -> np.ndarray:
+    """Map float bit patterns to integers whose order is the float order (+0 and -0 both map to 0)."""
+    magnitude = (bits & layout.magnitude_mask).astype(np.int64)
+    return np.where((bits & layout.sign_mask) != 0, -magnitude, magnitude)
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ULP distance in the arrays' own float dtype (no upcasting). NaN/Inf pairs are not meaningful."""
+    layout = FloatLayout(dtype_name(a.dtype))
+    return np.abs(ordered_ints(unsigned_view(a), layout) - ordered_ints(unsigned_view(b), layout))
+
+
+def _float_chunk_stats(ua: np.ndarray, ub: np.ndarray, offset: int, layout: FloatLayout,
+                       dtype: np.dtype) -> ElementStats:
+    stats = ElementStats(elements=ua.size)
+    differ = ua != ub
+    count = int(np.count_nonzero(differ))
+    stats.differing = count
+    if count == 0:
+        stats.ulp_histogram["0"] = ua.size
+        return stats
+    where = np.flatnonzero(differ)
+    da, db = ua[where], ub[where]
+    mag_a, mag_b = da & layout.magnitude_mask, db & layout.magnitude_mask
+    nan_a, nan_b = mag_a > layout.inf_bits, mag_b > layout.inf_bits
+    inf_a, inf_b = mag_a == layout.inf_bits, mag_b == layout.inf_bits
+    both_nan = nan_a & nan_b
+    nan_mismatch = nan_a ^ nan_b
+    inf_mismatch = ~(nan_a | nan_b) & (inf_a | inf_b)
+    signed_zero = (mag_a == 0) & (mag_b == 0)
+    stats.nan_payload_only = int(np.count_nonzero(both_nan))
+    stats.nan_mismatch = int(np.count_nonzero(nan_mismatch))
+    stats.inf_mismatch = int(np.count_nonzero(inf_mismatch))
+    stats.signed_zero_only = int(np.count_nonzero(signed_zero))
+
+    class_mismatch = nan_mismatch | inf_mismatch
+    finite = ~(nan_a | nan_b | inf_a | inf_b | signed_zero)
+    fa, fb, fidx = da[finite], db[finite], where[finite]
+    ulp = np.abs(ordered_ints(fa, layout) - ordered_ints(fb, layout))
+    counts = np.bincount(np.searchsorted(_BUCKET_EDGES, ulp, side="right"), minlength=5)
+    counts[0] += ua.size - count + stats.signed_zero_only + stats.nan_payload_only
+    stats.ulp_histogram = dict(zip(ULP_BUCKETS, (int(c) for c in counts)))
+
+    worst = [WorstElement(int(offset + i), None, int(a), int(b))
+             for i, a, b in zip(where[class_mismatch][:WORST_K], da[class_mismatch][:WORST_K],
+                                db[class_mismatch][:WORST_K])]
+    if ulp.size:
+        arg = int(np.argmax(ulp))
+        stats.max_ulp, stats.max_ulp_flat_index = int(ulp[arg]), int(offset + fidx[arg])
+        top = np.argpartition(-ulp, min(WORST_K, ulp.size) - 1)[:WORST_K]
+        worst += [WorstElement(int(offset + fidx[i]), int(ulp[i]), int(fa[i]), int(fb[i])) for i in top]
+        va = fa.view(dtype).astype(np.float64)
+        vb = fb.view(dtype).astype(np.float64)
+        abs_err = np.abs(va - vb)
+        arg = int(np.argmax(abs_err))
+        stats.max_abs, stats.max_abs_flat_index = float(abs_err[arg]), int(offset + fidx[arg])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel_err = abs_err / np.abs(va)
+        arg = int(np.argmax(rel_err))
+        stats.max_rel, stats.max_rel_flat_index = float(rel_err[arg]), int(offset + fidx[arg])
+    stats.worst = _top_worst(worst)
+    return stats
+
+
+def _exact_chunk_stats(ua: np.ndarray, ub: np.ndarray, offset: int) -> ElementStats:
+    """Integer and bool tensors: equality only."""
+    differ = int(np.count_nonzero(ua != ub))
+    stats = ElementStats(elements=ua.size, differing=differ)
+    stats.ulp_histogram["0"] = ua.size - differ
+    return stats
+
+
+def element_stats(a: np.ndarray, b: np.ndarray, threads: int | None = None) -> ElementStats:
+    """Compare two arrays of one dtype and one element count, element by element in C order."""
+    if a.dtype != b.dtype or a.size != b.size:
+        raise ValueError("element_stats needs arrays of one dtype and size")
+    name = dtype_name(a.dtype)
+    ua, ub = unsigned_view(a).reshape(-1), unsigned_view(b).reshape(-1)
+    layout = FloatLayout(name) if name in FLOAT_DTYPES else None
+    starts = range(0, ua.size, CHUNK_ELEMENTS)
+
+    def chunk(start: int) -> ElementStats:
+        ca, cb = ua[start:start + CHUNK_ELEMENTS], ub[start:start + CHUNK_ELEMENTS]
+        if layout is None:
+            return _exact_chunk_stats(ca, cb, start)
+        return _float_chunk_stats(ca, cb, start, layout, a.dtype)
+
+    total = ElementStats()
+    if len(starts) <= 1:
+        parts = [chunk(s) for s in starts]
+    else:
+        with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+            parts = list(pool.map(chunk, starts))
+    for part in parts:
+        total.merge(part)
+    return total

@@ -1,0 +1,59 @@
+"""What every op family shares: input and side checks, and the names of captured tensors."""
+
+from __future__ import annotations
+
+from harness.case import Case, FieldProblem
+from harness.dtypes import FLOAT_DTYPES
+
+
+class OpFamily:
+    name: str
+    paddle_variants: tuple[str, ...]
+    megatron_variants: tuple[str, ...]
+    upstream: dict[str, str]  # output name -> input holding its upstream gradient
+    signature: tuple[str, ...]  # implementation's tensor parameters, in order (absent ones get None)
+
+    # -- per family -------------------------------------------------------------------------
+    def options(self, case: Case):
+        raise NotImplementedError
+
+    def forward_inputs(self, case: Case) -> list[str]:
+        """Inputs passed to the implementation, in signature order (all differentiable)."""
+        raise NotImplementedError
+
+    def validate_inputs(self, case: Case) -> None:
+        raise NotImplementedError
+
+    def grad_inputs(self, case: Case) -> list[str]:
+        return [n for n in self.forward_inputs(case) if case.inputs[n].dtype in FLOAT_DTYPES]
+
+    # -- shared -----------------------------------------------------------------------------
+    def tensor_names(self, case: Case) -> list[str]:
+        """Captured tensors in forward -> backward order."""
+        return list(self.upstream) + [f"grad.{n}" for n in self.grad_inputs(case)]
+
+    def default_impl(self, framework: str) -> str | None:
+        return "megatron" if framework == "megatron" else None
+
+    def validate(self, case: Case) -> None:
+        self.options(case)
+        needed = self.forward_inputs(case) + list(self.upstream.values())
+        for name in needed:
+            if name not in case.inputs:
+                raise FieldProblem(("inputs",), f"missing input {name!r} (this case needs {', '.join(needed)})")
+        for name in case.inputs:
+            if name not in needed:
+                raise FieldProblem(("inputs", name), f"input {name!r} is not used by these options (needs {', '.join(needed)})")
+        self.validate_inputs(case)
+        for side_name, side in case.sides.items():
+            variants = self.megatron_variants if side.framework == "megatron" else self.paddle_variants
+            impl = side.impl or self.default_impl(side.framework)
+            if impl is None:
+                raise FieldProblem(("sides", side_name), f"impl is required: one of {', '.join(variants)} or module:function")
+            if not side.is_user_function and impl not in variants:
+                raise FieldProblem(("sides", side_name, "impl"),
+                                   f"unknown {side.framework} implementation {impl!r}; built-in: {', '.join(variants)}")
+        names = self.tensor_names(case)
+        for name in case.expect.tensors:
+            if name not in names:
+                raise FieldProblem(("expect", "tensors", name), f"no tensor {name!r}; this case captures {', '.join(names)}")

@@ -1,0 +1,80 @@
+"""What both side runners share: finding the implementation and describing the environment."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from harness.case import Case, SideSpec
+from harness.digest import Digest
+from harness.ops import Impl, family_for, framework_impls
+
+# Environment variables that change numerics or kernel choice, recorded in every dump.
+NUMERIC_FLAGS = ("TORCHDYNAMO_DISABLE", "TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "CUBLAS_WORKSPACE_CONFIG",
+                 "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+
+
+def load_impl(case: Case, side: SideSpec) -> Impl:
+    family = family_for(case.op)
+    name = side.impl or family.default_impl(side.framework)
+    if not side.is_user_function:
+        return framework_impls(case.op, side.framework)[name]
+    target, function = name.rsplit(":", 1)
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_absolute():
+            path = Path(case.source).parent / path if not path.exists() else path
+        spec = importlib.util.spec_from_file_location(f"xfalign_user_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        provenance = f"user function {path}:{function} (sha256 {digest})"
+    else:
+        module = importlib.import_module(target)
+        provenance = f"user function {target}:{function} ({getattr(module, '__file__', '?')})"
+    return Impl(getattr(module, function), provenance)
+
+
+def base_environment() -> dict:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "flags": {name: os.environ[name] for name in NUMERIC_FLAGS if name in os.environ}
+        | {name: value for name, value in os.environ.items() if name.startswith("FLAGS_")},
+    }
+
+
+@dataclass
+class SideOutput:
+    tensors: dict[str, np.ndarray]  # forward -> backward order; a missing gradient is absent
+    input_digests: dict[str, Digest]  # of the inputs as the framework held them
+    provenance: str
+    environment: dict = field(default_factory=dict)
+
+
+def run_family(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], to_tensor: Callable,
+               to_numpy: Callable, backward: Callable, grad_of: Callable) -> SideOutput:
+    """Forward, backward with the generated upstream gradients, capture: the same for every framework."""
+    family = family_for(case.op)
+    impl = load_impl(case, side)
+    options = family.options(case).model_dump()
+    differentiable = set(family.grad_inputs(case))
+    tensors = {name: to_tensor(array, name in differentiable) for name, array in arrays.items()}
+    consumed = {name: Digest.of(to_numpy(t)) for name, t in tensors.items()}
+    result = impl.fn(*(tensors.get(name) for name in family.signature), options)
+    outputs = result if isinstance(result, dict) else {next(iter(family.upstream)): result}
+    backward([outputs[name] for name in family.upstream], [tensors[g] for g in family.upstream.values()])
+    captured = {name: to_numpy(outputs[name]) for name in family.upstream}
+    for name in family.grad_inputs(case):
+        grad = grad_of(tensors[name])
+        if grad is not None:
+            captured[f"grad.{name}"] = to_numpy(grad)
+    return SideOutput(captured, consumed, impl.provenance_for(options))

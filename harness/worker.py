@@ -1,0 +1,64 @@
+"""Worker process: runs one side of one case and writes its dump.
+
+    python -m harness.worker JOB.json
+
+JOB.json holds the validated case, its source path, the side name, the inputs file and the dump
+directory. Framework flags are set here, before the framework is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from harness import __version__
+from harness.case import Case
+from harness.dump import Dump
+from harness.inputs import read_inputs
+
+INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
+
+
+def prepare_environment(framework: str, mode: str) -> None:
+    if framework == "megatron":
+        if mode == "eager":
+            os.environ["TORCHDYNAMO_DISABLE"] = "1"
+        else:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|ccache).*")
+
+
+def run_job(job: dict) -> Path:
+    case = Case(**job["case"], source=job["source"])
+    side = case.sides[job["side"]]
+    prepare_environment(side.framework, side.mode)
+    runner = importlib.import_module(f"harness.sides.{side.framework}")
+    output = runner.run(case, job["side"], read_inputs(Path(job["inputs"])))
+    meta = {
+        "xfalign": __version__,
+        "case": case.to_json(),
+        "case_name": job.get("point", case.name),
+        "side": job["side"],
+        "framework": side.framework,
+        "impl": side.impl or "megatron",
+        "mode": side.mode if side.framework == "megatron" else None,
+        "provenance": output.provenance,
+        "environment": output.environment,
+        "inputs": {name: digest.to_json() for name, digest in output.input_digests.items()},
+    }
+    return Dump(meta, output.tensors).write(job["dump"])
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text())
+    run_job(job)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
