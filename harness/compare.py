@@ -1,0 +1,130 @@
+"""Comparison of two dumps: one TensorPair per tensor name, each judged against the case's expectation.
+
+The comparison is data only; reporters turn it into text, JSON or HTML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.case import Expectation, ExpectSpec, describe_expectation
+from harness.digest import Digest
+from harness.dump import Dump
+from harness.metrics import ElementStats, element_stats
+
+
+class InputMismatch(Exception):
+    """The two sides did not consume the same inputs: comparing their outputs would mean nothing."""
+
+
+@dataclass
+class TensorPair:
+    name: str
+    a: Digest | None  # None: the side did not produce it
+    b: Digest | None
+    expectation: Expectation
+    stats: ElementStats | None = None  # None when values could not be paired element by element
+    findings: list[str] = field(default_factory=list)  # structural problems: missing, shape, dtype
+
+    @property
+    def bitwise(self) -> bool:
+        return self.a is not None and self.a == self.b
+
+    @property
+    def comparable(self) -> bool:
+        return self.stats is not None and self.a.dtype == self.b.dtype
+
+    @property
+    def holds(self) -> bool:
+        if self.expectation == "report":
+            return True
+        if self.expectation == "bitwise":
+            return self.bitwise
+        return (self.comparable and not self.findings and self.stats.nan_mismatch == 0
+                and self.stats.inf_mismatch == 0 and self.stats.max_ulp <= self.expectation.max_ulp)
+
+
+@dataclass
+class SideInfo:
+    name: str
+    framework: str
+    impl: str
+    mode: str | None
+    provenance: str
+    environment: dict
+
+    @classmethod
+    def of(cls, dump: Dump) -> SideInfo:
+        m = dump.meta
+        return cls(m["side"], m["framework"], m["impl"], m.get("mode"), m["provenance"], m["environment"])
+
+
+@dataclass
+class CaseComparison:
+    case_name: str
+    a: SideInfo
+    b: SideInfo
+    pairs: list[TensorPair]
+    inputs: dict[str, Digest]
+
+    @property
+    def passed(self) -> bool:
+        return all(pair.holds for pair in self.pairs)
+
+    @property
+    def failing(self) -> list[TensorPair]:
+        return [pair for pair in self.pairs if not pair.holds]
+
+    @property
+    def first_divergent(self) -> TensorPair | None:
+        """First tensor, in forward -> backward order, that is not bitwise equal."""
+        return next((pair for pair in self.pairs if not pair.bitwise), None)
+
+
+def pair_tensors(name: str, a: np.ndarray | None, b: np.ndarray | None, expectation: Expectation) -> TensorPair:
+    """The one place where two arrays become a TensorPair."""
+    digest = lambda array: None if array is None else Digest.of(array)  # noqa: E731
+    pair = TensorPair(name, digest(a), digest(b), expectation)
+    if a is None or b is None:
+        pair.findings.append(f"missing on side {'A' if a is None else 'B'}")
+        return pair
+    if a.dtype != b.dtype:
+        pair.findings.append(f"dtype differs: {pair.a.dtype} vs {pair.b.dtype}")
+    if a.shape != b.shape:
+        pair.findings.append(f"shape differs: {list(a.shape)} vs {list(b.shape)}"
+                             + ("; values compared flattened" if a.size == b.size else ""))
+    if a.dtype == b.dtype and a.size == b.size:
+        pair.stats = element_stats(a, b)
+    return pair
+
+
+def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseComparison:
+    if a.meta["inputs"] != b.meta["inputs"]:
+        differing = sorted(n for n in a.meta["inputs"].keys() | b.meta["inputs"].keys()
+                           if a.meta["inputs"].get(n) != b.meta["inputs"].get(n))
+        raise InputMismatch(f"sides {a.side!r} and {b.side!r} consumed different inputs ({', '.join(differing)}): "
+                            "the dumps come from different cases or seeds")
+    if expect is None:
+        expect = ExpectSpec(**a.meta["case"].get("expect", {}))
+    names = list(a.tensors) + [n for n in b.tensors if n not in a.tensors]
+    pairs = [pair_tensors(n, a.tensors.get(n), b.tensors.get(n), expect.for_tensor(n)) for n in names]
+    return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), pairs, a.input_digests)
+
+
+def failure_text(pair: TensorPair) -> str:
+    """Why an expectation does not hold, in one line (built apart from the comparison)."""
+    want = describe_expectation(pair.expectation)
+    if pair.findings:
+        return f"{pair.name}: expected {want}, but " + "; ".join(pair.findings)
+    s = pair.stats
+    where = f" (max at flat index {s.max_ulp_flat_index})" if s.max_ulp_flat_index is not None else ""
+    parts = [f"{s.differing:,} of {s.elements:,} elements differ", f"max {s.max_ulp} ULP{where}",
+             f"max abs {s.max_abs:.3g}"]
+    if s.nan_mismatch or s.inf_mismatch:
+        parts.append(f"{s.nan_mismatch} NaN and {s.inf_mismatch} Inf mismatches")
+    if s.signed_zero_only:
+        parts.append(f"{s.signed_zero_only} differ only in the sign of zero")
+    return f"{pair.name}: expected {want}, but " + ", ".join(parts)
+

@@ -1,0 +1,1 @@
+"""Reporters: each turns a CaseComparison into one output form."""
