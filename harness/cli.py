@@ -56,10 +56,15 @@ def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
 
 def cmd_run(args, console: Console) -> int:
     cases = [load_case(path) for path in args.cases]  # validate every file before running any
-    comparisons = []
+    comparisons, crashed = [], []
     for case in cases:
-        with console.status(f"running {case.name} ..."):
-            run = run_case(case, _dump_dirs(case, args, len(cases) > 1))
+        try:
+            with console.status(f"running {case.name} ..."):
+                run = run_case(case, _dump_dirs(case, args, len(cases) > 1))
+        except SideFailed as error:
+            console.print(f"[bold red]CRASH[/] {case.name}: {error}", highlight=False)
+            crashed.append(case.name)
+            continue
         if run.comparison is None:
             for side, dump in run.dumps.items():
                 console.print(f"{case.name}: side {side} dumped {len(dump.tensors)} tensors to {args.dump}")
@@ -68,6 +73,8 @@ def cmd_run(args, console: Console) -> int:
         comparisons.append(run.comparison)
     if args.json and comparisons:
         console.print(f"JSON: {write_json(comparisons, args.json)}")
+    if crashed:
+        return EXIT_SIDE_CRASHED
     return EXIT_OK if all(c.passed for c in comparisons) else EXIT_FAILED
 
 

@@ -21,6 +21,18 @@ def _clamp_halves(y, limit):
     return paddle.concat([paddle.clip(gate, max=limit), paddle.clip(linear, -limit, limit)], axis=-1)
 
 
+def tokens_2d(impl):
+    """Run on [N, 2H] like Megatron's *_impl entry points (probs are [N, 1]), restore 3-D after."""
+
+    def wrapped(x, bias, probs, options):
+        out = impl(x.reshape([-1, x.shape[-1]]), bias, probs, options)
+        return out.reshape(x.shape[:-1] + [out.shape[-1]])
+
+    wrapped.__doc__ = impl.__doc__
+    return wrapped
+
+
+@tokens_2d
 def fp32_island(x, bias, probs, options):
     """Megatron's order in fp32 from the working-dtype inputs, one rounding at the end (what
     torch.compile makes of Megatron's fused functions)."""
@@ -37,6 +49,7 @@ def fp32_island(x, bias, probs, options):
     return out.cast(x.dtype)
 
 
+@tokens_2d
 def per_op_rounding(x, bias, probs, options):
     """Megatron's eager order: every op rounds to the working dtype (fp32 probs promote the last
     product to fp32 before the final cast, as in torch)."""
@@ -63,6 +76,7 @@ def per_op_rounding(x, bias, probs, options):
     return out
 
 
+@tokens_2d
 def fleet_cpu_fallback(x, bias, probs, options):
     """PaddleFleet's CPU fallback of fused_swiglu_scale: SwiGLU in fp32 rounded once, then times
     the probs rounded to the working dtype (Megatron multiplies by the unrounded probs)."""
