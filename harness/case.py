@@ -146,7 +146,8 @@ def validate_case(data: Any, source: str, lines: dict[tuple, int] | None = None)
         case = Case(**data, source=source)
         family_for(case.op).validate(case)
     except ValidationError as error:
-        first = error.errors()[0]
+        # In a union, the member that got deepest into the value explains the problem best.
+        first = max(error.errors(), key=lambda e: len(e["loc"]))
         line, field = _locate(lines, first["loc"])
         message = first["msg"]
         if first["type"] == "literal_error":

@@ -17,8 +17,7 @@ import numpy as np
 from harness.dtypes import FLOAT_DTYPES, FloatLayout, dtype_name, unsigned_view
 
 ULP_BUCKETS = ("0", "1", "2-3", "4-15", ">=16")
-_BUCKET_EDGES = np.array([1, 2, 4, 16], dtype=np.int64)  # ulp < edge -> bucket index
-CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 20
 WORST_K = 16
 
 
@@ -80,16 +79,30 @@ def _top_worst(items: list[WorstElement]) -> list[WorstElement]:
     return sorted(items, key=key)[:WORST_K]
 
 
-def ordered_ints(bits: np.ndarray, layout: FloatLayout) -> np.ndarray:
-    """Map float bit patterns to integers whose order is the float order (+0 and -0 both map to 0)."""
-    magnitude = (bits & layout.magnitude_mask).astype(np.int64)
-    return np.where((bits & layout.sign_mask) != 0, -magnitude, magnitude)
+def _largest_first_occurrences(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest values, ties broken by position (deterministic across chunkings)."""
+    if values.size <= k:
+        return np.arange(values.size)
+    threshold = np.partition(values, values.size - k)[values.size - k]
+    above = np.flatnonzero(values > threshold)
+    return np.concatenate([above, np.flatnonzero(values == threshold)[: k - above.size]])
+
+
+def _ulp_bits(ua: np.ndarray, ub: np.ndarray, layout: FloatLayout) -> np.ndarray:
+    """ULP distance of finite bit patterns, in their own unsigned width (no int64, no overflow).
+
+    This is |ordered(a) - ordered(b)| with ordered(x) = +-magnitude: the magnitudes' difference for
+    one sign, their sum across signs (each magnitude < 2**(w-1), so the sum fits). +0/-0 give 0.
+    """
+    mag_a, mag_b = ua & layout.magnitude_mask, ub & layout.magnitude_mask
+    same_sign = ((ua ^ ub) & layout.sign_mask) == 0
+    return np.where(same_sign, np.maximum(mag_a, mag_b) - np.minimum(mag_a, mag_b), mag_a + mag_b)
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ULP distance in the arrays' own float dtype (no upcasting). NaN/Inf pairs are not meaningful."""
     layout = FloatLayout(dtype_name(a.dtype))
-    return np.abs(ordered_ints(unsigned_view(a), layout) - ordered_ints(unsigned_view(b), layout))
+    return _ulp_bits(unsigned_view(a), unsigned_view(b), layout).astype(np.int64)
 
 
 def _float_chunk_stats(ua: np.ndarray, ub: np.ndarray, offset: int, layout: FloatLayout,
@@ -104,42 +117,41 @@ def _float_chunk_stats(ua: np.ndarray, ub: np.ndarray, offset: int, layout: Floa
     where = np.flatnonzero(differ)
     da, db = ua[where], ub[where]
     mag_a, mag_b = da & layout.magnitude_mask, db & layout.magnitude_mask
-    nan_a, nan_b = mag_a > layout.inf_bits, mag_b > layout.inf_bits
-    inf_a, inf_b = mag_a == layout.inf_bits, mag_b == layout.inf_bits
-    both_nan = nan_a & nan_b
-    nan_mismatch = nan_a ^ nan_b
-    inf_mismatch = ~(nan_a | nan_b) & (inf_a | inf_b)
-    signed_zero = (mag_a == 0) & (mag_b == 0)
-    stats.nan_payload_only = int(np.count_nonzero(both_nan))
-    stats.nan_mismatch = int(np.count_nonzero(nan_mismatch))
-    stats.inf_mismatch = int(np.count_nonzero(inf_mismatch))
-    stats.signed_zero_only = int(np.count_nonzero(signed_zero))
+    worst: list[WorstElement] = []
+    # NaN/Inf and signed zeros are rare: classify only where they occur.
+    if max(mag_a.max(), mag_b.max()) >= layout.inf_bits or np.any((mag_a | mag_b) == 0):
+        nan_a, nan_b = mag_a > layout.inf_bits, mag_b > layout.inf_bits
+        inf_a, inf_b = mag_a == layout.inf_bits, mag_b == layout.inf_bits
+        nan_mismatch = nan_a ^ nan_b
+        inf_mismatch = ~(nan_a | nan_b) & (inf_a | inf_b)
+        signed_zero = (mag_a == 0) & (mag_b == 0)
+        stats.nan_payload_only = int(np.count_nonzero(nan_a & nan_b))
+        stats.nan_mismatch = int(np.count_nonzero(nan_mismatch))
+        stats.inf_mismatch = int(np.count_nonzero(inf_mismatch))
+        stats.signed_zero_only = int(np.count_nonzero(signed_zero))
+        mismatch = np.flatnonzero(nan_mismatch | inf_mismatch)[:WORST_K]
+        worst = [WorstElement(int(offset + where[i]), None, int(da[i]), int(db[i])) for i in mismatch]
+        finite = ~(nan_a | nan_b | inf_a | inf_b | signed_zero)
+        da, db, where = da[finite], db[finite], where[finite]
 
-    class_mismatch = nan_mismatch | inf_mismatch
-    finite = ~(nan_a | nan_b | inf_a | inf_b | signed_zero)
-    fa, fb, fidx = da[finite], db[finite], where[finite]
-    ulp = np.abs(ordered_ints(fa, layout) - ordered_ints(fb, layout))
-    counts = np.bincount(np.searchsorted(_BUCKET_EDGES, ulp, side="right"), minlength=5)
-    counts[0] += ua.size - count + stats.signed_zero_only + stats.nan_payload_only
-    stats.ulp_histogram = dict(zip(ULP_BUCKETS, (int(c) for c in counts)))
-
-    worst = [WorstElement(int(offset + i), None, int(a), int(b))
-             for i, a, b in zip(where[class_mismatch][:WORST_K], da[class_mismatch][:WORST_K],
-                                db[class_mismatch][:WORST_K])]
+    ulp = _ulp_bits(da, db, layout)
+    at_least = [int(np.count_nonzero(ulp >= edge)) for edge in (1, 2, 4, 16)]
+    counts = [ua.size - at_least[0] - stats.nan_mismatch - stats.inf_mismatch,
+              at_least[0] - at_least[1], at_least[1] - at_least[2], at_least[2] - at_least[3], at_least[3]]
+    stats.ulp_histogram = dict(zip(ULP_BUCKETS, counts))
     if ulp.size:
         arg = int(np.argmax(ulp))
-        stats.max_ulp, stats.max_ulp_flat_index = int(ulp[arg]), int(offset + fidx[arg])
-        top = np.argpartition(-ulp, min(WORST_K, ulp.size) - 1)[:WORST_K]
-        worst += [WorstElement(int(offset + fidx[i]), int(ulp[i]), int(fa[i]), int(fb[i])) for i in top]
-        va = fa.view(dtype).astype(np.float64)
-        vb = fb.view(dtype).astype(np.float64)
-        abs_err = np.abs(va - vb)
+        stats.max_ulp, stats.max_ulp_flat_index = int(ulp[arg]), int(offset + where[arg])
+        top = _largest_first_occurrences(ulp, WORST_K)
+        worst += [WorstElement(int(offset + where[i]), int(ulp[i]), int(da[i]), int(db[i])) for i in top]
+        va = da.view(dtype).astype(np.float64)
+        abs_err = np.abs(va - db.view(dtype).astype(np.float64))
         arg = int(np.argmax(abs_err))
-        stats.max_abs, stats.max_abs_flat_index = float(abs_err[arg]), int(offset + fidx[arg])
+        stats.max_abs, stats.max_abs_flat_index = float(abs_err[arg]), int(offset + where[arg])
         with np.errstate(divide="ignore", invalid="ignore"):
             rel_err = abs_err / np.abs(va)
         arg = int(np.argmax(rel_err))
-        stats.max_rel, stats.max_rel_flat_index = float(rel_err[arg]), int(offset + fidx[arg])
+        stats.max_rel, stats.max_rel_flat_index = float(rel_err[arg]), int(offset + where[arg])
     stats.worst = _top_worst(worst)
     return stats
 

@@ -1,0 +1,31 @@
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL_WEIGHTED = """\
+op: swiglu
+options: {weighted: true}
+seed: 3
+inputs:
+  x: {shape: [16, 64], dtype: bfloat16, std: 2.0}
+  probs: {shape: [16, 1], dtype: float32, dist: uniform}
+  grad_out: {shape: [16, 32], dtype: bfloat16}
+sides:
+  megatron: {framework: megatron, mode: compile}
+  paddle: {framework: paddle, impl: fp32_island}
+expect:
+  all: bitwise
+"""
+
+
+@pytest.fixture
+def write_case(tmp_path):
+    def write(text: str, name: str = "case.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
