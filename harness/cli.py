@@ -15,8 +15,9 @@ from rich.console import Console
 from harness.case import CaseError, load_case
 from harness.compare import InputMismatch, compare_dumps
 from harness.dump import Dump, DumpError
+from harness.gate import Golden, check, describe_update
 from harness.reports.json_report import write_json
-from harness.reports.terminal import print_comparison
+from harness.reports.terminal import print_comparison, print_gate_result
 from harness.runner import SideFailed, run_case
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
@@ -34,6 +35,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--side", help="run only this side (needs --dump)")
     run.add_argument("--dump", type=Path, help="write dumps here: DIR/<side> (DIR/<case>/<side> for several cases), or DIR itself with --side")
     run.add_argument("--json", type=Path, help="write the full comparison as JSON")
+    gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
+    gate.add_argument("cases", nargs="+", type=Path, help="YAML case files")
+    gate.add_argument("--baseline", type=Path, required=True, help="folder of goldens, one per case")
+    gate.add_argument("--update", action="store_true", help="(re)write goldens")
+    gate.add_argument("--only-failing", action="store_true", help="with --update: only goldens that do not match")
+    gate.add_argument("--repeat", type=int, default=1, help="run each side N times to detect nondeterminism")
+    gate.add_argument("--digests-only", action="store_true", help="with --update: store digests, not tensor values")
+    gate.add_argument("--json", type=Path, help="write the full comparisons as JSON")
     compare = commands.add_parser("compare", help="compare two dumps made anywhere")
     compare.add_argument("dump_a", type=Path)
     compare.add_argument("dump_b", type=Path)
@@ -78,6 +87,40 @@ def cmd_run(args, console: Console) -> int:
     return EXIT_OK if all(c.passed for c in comparisons) else EXIT_FAILED
 
 
+def cmd_gate(args, console: Console) -> int:
+    if args.only_failing and not args.update:
+        raise UsageError("--only-failing goes with --update")
+    if args.repeat < 1:
+        raise UsageError("--repeat must be >= 1")
+    cases = [load_case(path) for path in args.cases]
+    comparisons, crashed, failed = [], [], []
+    for case in cases:
+        try:
+            with console.status(f"running {case.name} ..."):
+                run = run_case(case, repeat=args.repeat)
+        except SideFailed as error:
+            console.print(f"[bold red]CRASH[/] {case.name}: {error}", highlight=False)
+            crashed.append(case.name)
+            continue
+        print_comparison(run.comparison, console)
+        comparisons.append(run.comparison)
+        golden = Golden.read(args.baseline, run.case_id)
+        result = check(run, golden)
+        if args.update and (not args.only_failing or result.golden_problems):
+            new = Golden.from_run(run)
+            new.write(args.baseline, with_arrays=not args.digests_only)
+            console.print(f"golden {run.case_id}: {describe_update(golden, new)}", highlight=False)
+            result = check(run, Golden.read(args.baseline, run.case_id))
+        print_gate_result(result, console)
+        if not result.passed:
+            failed.append(case.name)
+    if args.json and comparisons:
+        console.print(f"JSON: {write_json(comparisons, args.json)}")
+    console.print(f"gate: {len(cases) - len(failed) - len(crashed)} passed, {len(failed)} failed"
+                  + (f", {len(crashed)} crashed" if crashed else ""))
+    return EXIT_SIDE_CRASHED if crashed else EXIT_FAILED if failed else EXIT_OK
+
+
 def cmd_compare(args, console: Console) -> int:
     comparison = compare_dumps(Dump.read(args.dump_a), Dump.read(args.dump_b))
     print_comparison(comparison, console)
@@ -91,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
-        return {"run": cmd_run, "compare": cmd_compare}[args.command](args, console)
+        return {"run": cmd_run, "gate": cmd_gate, "compare": cmd_compare}[args.command](args, console)
     except (CaseError, DumpError, InputMismatch, UsageError) as error:
         print(f"xfalign: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

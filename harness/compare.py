@@ -113,11 +113,10 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
     return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), pairs, a.input_digests)
 
 
-def failure_text(pair: TensorPair) -> str:
-    """Why an expectation does not hold, in one line (built apart from the comparison)."""
-    want = describe_expectation(pair.expectation)
+def difference_text(pair: TensorPair) -> str:
+    """How two tensors differ, in one line."""
     if pair.findings:
-        return f"{pair.name}: expected {want}, but " + "; ".join(pair.findings)
+        return "; ".join(pair.findings)
     s = pair.stats
     where = f" (max at flat index {s.max_ulp_flat_index})" if s.max_ulp_flat_index is not None else ""
     parts = [f"{s.differing:,} of {s.elements:,} elements differ", f"max {s.max_ulp} ULP{where}",
@@ -126,5 +125,11 @@ def failure_text(pair: TensorPair) -> str:
         parts.append(f"{s.nan_mismatch} NaN and {s.inf_mismatch} Inf mismatches")
     if s.signed_zero_only:
         parts.append(f"{s.signed_zero_only} differ only in the sign of zero")
-    return f"{pair.name}: expected {want}, but " + ", ".join(parts)
+    if s.nan_payload_only:
+        parts.append(f"{s.nan_payload_only} differ only in NaN payload")
+    return ", ".join(parts)
 
+
+def failure_text(pair: TensorPair) -> str:
+    """Why an expectation does not hold, in one line (built apart from the comparison)."""
+    return f"{pair.name}: expected {describe_expectation(pair.expectation)}, but {difference_text(pair)}"

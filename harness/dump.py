@@ -40,6 +40,11 @@ class Dump:
     def digests(self) -> dict[str, Digest]:
         return {entry["name"]: Digest.from_json(entry) for entry in self.meta["tensors"]}
 
+    @property
+    def nondeterministic(self) -> dict[str, int]:
+        """Tensors whose digest varied between repeats, with the number of distinct digests."""
+        return {name: len(set(md5s)) for name, md5s in self.meta.get("repeats", {}).items() if len(set(md5s)) > 1}
+
     def write(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)

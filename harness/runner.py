@@ -29,6 +29,10 @@ class CaseRun:
     dumps: dict[str, Dump]
     comparison: CaseComparison | None  # None when only one side ran
 
+    @property
+    def case_id(self) -> str:
+        return self.case.name
+
 
 def _run_worker(job: dict, workdir: Path) -> None:
     job_file = workdir / f"job-{job['side']}.json"
@@ -44,15 +48,17 @@ def _run_worker(job: dict, workdir: Path) -> None:
         raise SideFailed(f"side {job['side']!r} failed (exit {done.returncode}):\n{tail}")
 
 
-def run_case(case: Case, dump_dirs: dict[str, Path] | None = None) -> CaseRun:
-    """Run the sides named in dump_dirs (each dumped there), or both sides into a temporary folder."""
+def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int = 1) -> CaseRun:
+    """Run the sides named in dump_dirs (each dumped there), or both sides into a temporary folder.
+    With repeat > 1 each side runs the op that many times in its worker and records every digest."""
     with tempfile.TemporaryDirectory(prefix="xfalign-") as tmp:
         workdir = Path(tmp)
         dump_dirs = dump_dirs or {side: workdir / "dumps" / side for side in case.sides}
         inputs_file = workdir / "inputs.safetensors"
         write_inputs(generate_inputs(case), inputs_file)
         jobs = [{"case": case.to_json(), "source": case.source, "side": side,
-                 "inputs": str(inputs_file), "dump": str(path)} for side, path in dump_dirs.items()]
+                 "inputs": str(inputs_file), "dump": str(path), "repeat": repeat}
+                for side, path in dump_dirs.items()]
         with ThreadPoolExecutor(len(jobs)) as pool:
             for future in [pool.submit(_run_worker, job, workdir) for job in jobs]:
                 future.result()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness import __version__
 from harness.case import Case
+from harness.digest import Digest
 from harness.dump import Dump
 from harness.inputs import read_inputs
 
@@ -38,7 +39,9 @@ def run_job(job: dict) -> Path:
     side = case.sides[job["side"]]
     prepare_environment(side.framework, side.mode)
     runner = importlib.import_module(f"harness.sides.{side.framework}")
-    output = runner.run(case, job["side"], read_inputs(Path(job["inputs"])))
+    arrays = read_inputs(Path(job["inputs"]))
+    runs = [runner.run(case, job["side"], arrays) for _ in range(job.get("repeat", 1))]
+    output = runs[0]
     meta = {
         "xfalign": __version__,
         "case": case.to_json(),
@@ -50,6 +53,9 @@ def run_job(job: dict) -> Path:
         "provenance": output.provenance,
         "environment": output.environment,
         "inputs": {name: digest.to_json() for name, digest in output.input_digests.items()},
+        # MD5 of each tensor in every repeat: more than one distinct value means nondeterminism.
+        "repeats": {name: [Digest.of(run.tensors[name]).md5 if name in run.tensors else None for run in runs]
+                    for name in output.tensors} if len(runs) > 1 else {},
     }
     return Dump(meta, output.tensors).write(job["dump"])
 

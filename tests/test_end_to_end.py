@@ -10,9 +10,7 @@ from safetensors.torch import load_file
 from harness.cli import main
 from harness.dump import Dump
 
-from conftest import SMALL_WEIGHTED
-
-CASE = SMALL_WEIGHTED.replace("[16, 64]", "[64, 512]").replace("[16, 1]", "[64, 1]").replace("[16, 32]", "[64, 256]")
+from conftest import CASE
 
 
 def run_json(args, tmp_path):

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from harness.case import describe_expectation
 from harness.compare import CaseComparison, SideInfo, failure_text
+from harness.gate import GateResult
 
 
 def _side_line(label: str, side: SideInfo) -> str:
@@ -57,3 +58,17 @@ def print_comparison(comparison: CaseComparison, console: Console) -> None:
         if pair.findings:
             console.print(f"  * {pair.name}: " + "; ".join(pair.findings))
     console.print(verdict_line(comparison))
+
+
+def print_gate_result(result: GateResult, console: Console) -> None:
+    if result.passed:
+        console.print(f"[bold green]GATE PASS[/] {result.case_id}: expectations hold, digests match the golden")
+        return
+    console.print(f"[bold red]GATE FAIL[/] {result.case_id}:")
+    for problem in result.problems:
+        console.print(f"  [{problem.kind}] {problem.text}", highlight=False, markup=False)
+    if result.environment_changes:
+        console.print("  environment changed since the golden: " + "; ".join(result.environment_changes),
+                      highlight=False, markup=False)
+    elif result.drifted:
+        console.print("  environment fingerprint unchanged since the golden: the code changed", highlight=False)

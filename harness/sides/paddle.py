@@ -33,7 +33,8 @@ def environment() -> dict:
         "paddle": paddle.__version__,
         "paddle_commit": paddle.version.commit,
         "device": paddle.device.get_device(),
-        "cuda": paddle.version.cuda(),
+        "device_name": "cpu" if paddle.device.get_device() == "cpu" else paddle.device.cuda.get_device_name(),
+        "cuda": paddle.version.cuda() if paddle.device.is_compiled_with_cuda() else None,
         "paddle_threads": paddle.base.core.get_num_threads() if hasattr(paddle.base.core, "get_num_threads") else None,
     }
 

@@ -1,0 +1,144 @@
+"""The CI gate: goldens, drift named per tensor, environment changes, nondeterminism, exit codes."""
+
+import numpy as np
+import pytest
+
+from harness.case import load_case
+from harness.cli import main
+from harness.digest import Digest
+from harness.gate import Golden, check
+from harness.runner import run_case
+
+from conftest import REPORT_ONLY
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One real run of a small case, and its golden written to a baseline folder."""
+    root = tmp_path_factory.mktemp("gate")
+    path = root / "small.yaml"
+    # zeros planted in x give exact +-0.0 outputs, for the signed-zero check
+    path.write_text(REPORT_ONLY.replace("std: 2.0}", "std: 2.0, special_values: [0.0], special_fraction: 0.05}"))
+    run = run_case(load_case(path))
+    Golden.from_run(run).write(root / "baseline")
+    return run, root / "baseline"
+
+
+def mutate(baseline, key, change):
+    """Rewrite the golden as if tensor `key` had been `change(values)` when it was recorded."""
+    golden = Golden.read(baseline, "small")
+    side, name = key.split("/")
+    golden.arrays[key] = np.ascontiguousarray(change(golden.arrays[key].copy()))
+    golden.tensors[side][name] = Digest.of(golden.arrays[key])
+    return golden
+
+
+def flip_bit(values):
+    bits = values.view(np.uint16).reshape(-1)
+    bits[5] ^= 1
+    return values
+
+
+def test_unchanged_rerun_passes(recorded):
+    run, baseline = recorded
+    assert check(run, Golden.read(baseline, "small")).passed
+
+
+def test_one_bit_flip_fails_naming_tensor_and_ulp(recorded):
+    run, baseline = recorded
+    result = check(run, mutate(baseline, "paddle/grad.x", flip_bit))
+    assert not result.passed
+    drift = [p.text for p in result.problems if p.kind == "drift"]
+    assert len(drift) == 1 and drift[0].startswith("paddle/grad.x: drifted from the golden: 1 of 32,768 elements differ, max 1 ULP")
+    assert result.environment_changes == []
+
+
+def test_signed_zero_nan_payload_and_shape_changes_are_named(recorded):
+    run, baseline = recorded
+    out = run.dumps["megatron"].tensors["out"]
+    zero_at = int(np.flatnonzero(out.view(np.uint16).reshape(-1) == 0)[0])
+
+    def plus_to_minus_zero(values):
+        bits = values.view(np.uint16).reshape(-1)
+        bits[zero_at] = 0x8000
+        return values
+
+    text = check(run, mutate(baseline, "megatron/out", plus_to_minus_zero)).problems[0].text
+    assert text.startswith("megatron/out: drifted") and "1 differ only in the sign of zero" in text
+
+    def nan_payload(values):  # the run's tensor has no NaN: plant one in the golden, and a NaN with
+        values.reshape(-1)[3] = np.nan  # another payload is still a NaN mismatch against a number
+        return values
+
+    text = check(run, mutate(baseline, "megatron/grad.probs", nan_payload)).problems[0].text
+    assert "megatron/grad.probs" in text and "1 NaN and 0 Inf mismatches" in text
+
+    text = check(run, mutate(baseline, "paddle/grad.probs", lambda v: v.reshape(-1))).problems[0].text
+    assert text == "paddle/grad.probs: drifted from the golden: shape differs: [64] vs [64, 1]; values compared flattened"
+
+
+def test_nan_payload_only_drift():
+    """Golden and run both NaN at one place, with different payloads: named as a NaN-payload drift."""
+    from harness.compare import difference_text, pair_tensors
+    a = np.array([1.0, np.nan], dtype=np.float32)
+    b = a.copy()
+    b.view(np.uint32)[1] = 0x7FC00001
+    assert difference_text(pair_tensors("t", a, b, "bitwise")).endswith("1 differ only in NaN payload")
+
+
+def test_environment_change_is_reported_beside_drift(recorded):
+    run, baseline = recorded
+    golden = mutate(baseline, "megatron/out", flip_bit)
+    golden.environment["megatron"]["torch"] = "2.12.0"
+    result = check(run, golden)
+    assert "megatron: torch 2.12.0 → 2.13.0+cpu" in result.environment_changes
+
+
+def test_input_digest_change_fails(recorded):
+    run, baseline = recorded
+    golden = Golden.read(baseline, "small")
+    golden.inputs["x"] = Digest("bfloat16", (64, 512), "0" * 32)
+    assert [p.kind for p in check(run, golden).problems] == ["input"]
+
+
+def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsys):
+    path = write_case(REPORT_ONLY, "small.yaml")
+    baseline = tmp_path / "baseline"
+    assert main(["gate", str(path), "--baseline", str(baseline)]) == 1  # no golden yet
+    assert "no golden yet" in capsys.readouterr().out
+    assert main(["gate", str(path), "--baseline", str(baseline), "--update"]) == 0
+    assert "golden small: created" in capsys.readouterr().out
+    first = {p.name: p.read_bytes() for p in baseline.iterdir()}
+    assert set(first) == {"small.golden.yaml", "small.golden.safetensors"}
+    text = first["small.golden.yaml"].decode()
+    assert str(tmp_path) not in text and "2026" not in text  # no paths, no timestamps
+
+    golden = mutate(baseline, "paddle/grad.x", flip_bit)
+    golden.write(baseline)
+    assert main(["gate", str(path), "--baseline", str(baseline)]) == 1
+    out = capsys.readouterr().out
+    assert "[drift] paddle/grad.x: drifted from the golden: 1 of 32,768 elements differ, max 1 ULP" in out
+    assert "environment fingerprint unchanged since the golden" in out
+    assert main(["gate", str(path), "--baseline", str(baseline), "--update", "--only-failing"]) == 0
+    assert "golden small: updated: paddle/grad.x" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in baseline.iterdir()} == first  # same bits as the first update
+    assert main(["gate", str(path), "--baseline", str(baseline), "--update", "--only-failing"]) == 0
+    assert "golden small" not in capsys.readouterr().out  # nothing failing, nothing rewritten
+
+
+def test_nondeterminism_is_reported_per_side_not_blamed_on_the_other(write_case, tmp_path, capsys):
+    (tmp_path / "noisy.py").write_text(
+        "import paddle\n"
+        "import paddle.nn.functional as F\n"
+        "def swiglu(x, bias, probs, options):\n"
+        "    gate, linear = paddle.chunk(x.cast('float32'), 2, axis=-1)\n"
+        "    noise = 1 + 1e-2 * paddle.rand(gate.shape)\n"
+        "    return (F.silu(gate) * linear * probs * noise).cast(x.dtype)\n"
+    )
+    path = write_case(REPORT_ONLY.replace("impl: fp32_island", "impl: 'noisy.py:swiglu'")
+                      .replace("all: report", "all: report\n  tensors: {out: bitwise}"), "small.yaml")
+    baseline = tmp_path / "baseline"
+    assert main(["gate", str(path), "--baseline", str(baseline), "--update", "--repeat", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "[nondeterministic] paddle/out: 3 different digests in 3 repeats on side paddle" in out
+    assert "[expectation] out" not in out  # the unstable tensor is not blamed on Megatron
