@@ -34,3 +34,5 @@ def write_case(tmp_path):
         return path
 
     return write
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,28 @@
+"""`pytest cases/` collects YAML cases as test items (the plugin is registered by entry point)."""
+
+from conftest import CASE, REPORT_ONLY
+
+
+def test_cases_are_items_with_table_in_failure_and_junit(pytester):
+    pytester.makefile(".yaml", passing=REPORT_ONLY, failing=CASE, unrelated="just: a yaml file\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=junit.xml")
+    result.assert_outcomes(passed=1, failed=1)
+    text = result.stdout.str()
+    assert "grad.probs: expected bitwise, but" in text  # the verdict line
+    assert "md5 A" in text and "max ULP" in text  # the per-tensor table
+    junit = (pytester.path / "junit.xml").read_text()
+    assert 'name="passing"' in junit and 'name="failing"' in junit
+
+
+def test_golden_check_included(pytester):
+    pytester.makefile(".yaml", passing=REPORT_ONLY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--xfalign-baseline", "goldens")
+    result.assert_outcomes(failed=1)
+    assert "no golden yet" in result.stdout.str()
+
+
+def test_bad_case_is_a_collection_error_with_file_line_field(pytester):
+    pytester.makefile(".yaml", bad=REPORT_ONLY.replace("impl: fp32_island", "impl: nope"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    assert "bad.yaml:10: sides.paddle.impl: unknown paddle implementation 'nope'" in result.stdout.str()
