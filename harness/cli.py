@@ -16,11 +16,13 @@ from harness.case import CaseError, load_case
 from harness.compare import InputMismatch, compare_dumps
 from harness.dump import Dump, DumpError
 from harness.gate import Golden, check, describe_update
+from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison, print_gate_result
 from harness.runner import SideFailed, run_case
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
+DEFAULT_HTML = Path("reports")
 
 
 class UsageError(Exception):
@@ -35,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--side", help="run only this side (needs --dump)")
     run.add_argument("--dump", type=Path, help="write dumps here: DIR/<side> (DIR/<case>/<side> for several cases), or DIR itself with --side")
     run.add_argument("--json", type=Path, help="write the full comparison as JSON")
+    run.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
     gate.add_argument("cases", nargs="+", type=Path, help="YAML case files")
     gate.add_argument("--baseline", type=Path, required=True, help="folder of goldens, one per case")
@@ -43,10 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--repeat", type=int, default=1, help="run each side N times to detect nondeterminism")
     gate.add_argument("--digests-only", action="store_true", help="with --update: store digests, not tensor values")
     gate.add_argument("--json", type=Path, help="write the full comparisons as JSON")
+    gate.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     compare = commands.add_parser("compare", help="compare two dumps made anywhere")
     compare.add_argument("dump_a", type=Path)
     compare.add_argument("dump_b", type=Path)
     compare.add_argument("--json", type=Path, help="write the full comparison as JSON")
+    compare.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     return parser
 
 
@@ -61,6 +66,14 @@ def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
         root = args.dump / case.name if several else args.dump
         return {side: root / side for side in case.sides}
     return None
+
+
+def _write_outputs(args, comparisons, console: Console) -> None:
+    if not comparisons:
+        return
+    if args.json:
+        console.print(f"JSON: {write_json(comparisons, args.json)}", highlight=False)
+    console.print(f"HTML report: {write_reports(comparisons, args.html)}", highlight=False)
 
 
 def cmd_run(args, console: Console) -> int:
@@ -80,8 +93,7 @@ def cmd_run(args, console: Console) -> int:
             continue
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
-    if args.json and comparisons:
-        console.print(f"JSON: {write_json(comparisons, args.json)}")
+    _write_outputs(args, comparisons, console)
     if crashed:
         return EXIT_SIDE_CRASHED
     return EXIT_OK if all(c.passed for c in comparisons) else EXIT_FAILED
@@ -114,8 +126,7 @@ def cmd_gate(args, console: Console) -> int:
         print_gate_result(result, console)
         if not result.passed:
             failed.append(case.name)
-    if args.json and comparisons:
-        console.print(f"JSON: {write_json(comparisons, args.json)}")
+    _write_outputs(args, comparisons, console)
     console.print(f"gate: {len(cases) - len(failed) - len(crashed)} passed, {len(failed)} failed"
                   + (f", {len(crashed)} crashed" if crashed else ""))
     return EXIT_SIDE_CRASHED if crashed else EXIT_FAILED if failed else EXIT_OK
@@ -124,8 +135,7 @@ def cmd_gate(args, console: Console) -> int:
 def cmd_compare(args, console: Console) -> int:
     comparison = compare_dumps(Dump.read(args.dump_a), Dump.read(args.dump_b))
     print_comparison(comparison, console)
-    if args.json:
-        console.print(f"JSON: {write_json([comparison], args.json)}")
+    _write_outputs(args, [comparison], console)
     return EXIT_OK if comparison.passed else EXIT_FAILED
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from harness.case import Expectation, ExpectSpec, describe_expectation
 from harness.digest import Digest
 from harness.dump import Dump
+from harness.locate import MismatchMap, mismatch_map
 from harness.metrics import ElementStats, element_stats
 
 
@@ -27,6 +28,7 @@ class TensorPair:
     expectation: Expectation
     stats: ElementStats | None = None  # None when values could not be paired element by element
     findings: list[str] = field(default_factory=list)  # structural problems: missing, shape, dtype
+    mismatches: MismatchMap | None = None  # where they differ, when they do
 
     @property
     def bitwise(self) -> bool:
@@ -97,6 +99,8 @@ def pair_tensors(name: str, a: np.ndarray | None, b: np.ndarray | None, expectat
                              + ("; values compared flattened" if a.size == b.size else ""))
     if a.dtype == b.dtype and a.size == b.size:
         pair.stats = element_stats(a, b)
+        if pair.stats.differing:
+            pair.mismatches = mismatch_map(a, b, a.shape)
     return pair
 
 

@@ -26,6 +26,12 @@ CASE = SMALL_WEIGHTED.replace("[16, 64]", "[64, 512]").replace("[16, 1]", "[64, 
 REPORT_ONLY = CASE.replace("all: bitwise", "all: report")
 
 
+@pytest.fixture(autouse=True)
+def _run_in_tmp(tmp_path, monkeypatch):
+    """Commands write reports/ relative to the working directory: keep them out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def write_case(tmp_path):
     def write(text: str, name: str = "case.yaml") -> Path:

@@ -15,7 +15,7 @@ from conftest import CASE
 
 def run_json(args, tmp_path):
     out = tmp_path / "result.json"
-    code = main(args + ["--json", str(out)])
+    code = main(args + ["--json", str(out), "--html", str(tmp_path / "html")])
     return code, json.loads(out.read_text())
 
 
@@ -32,7 +32,9 @@ def test_weighted_swiglu_both_sides(write_case, tmp_path, capsys):
     # both sides consumed the same input bits, and each recorded them
     megatron, paddle = Dump.read(tmp_path / "dumps" / "megatron"), Dump.read(tmp_path / "dumps" / "paddle")
     assert megatron.meta["inputs"] == paddle.meta["inputs"] and set(megatron.meta["inputs"]) == {"x", "probs", "grad_out"}
-    assert "PASS" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "PASS" in printed and f"HTML report: {tmp_path / 'html' / 'case.html'}" in printed
+    assert "weighted_bias_swiglu_impl" in (tmp_path / "html" / "case.html").read_text()
 
 
 def test_dump_is_plain_safetensors_with_md5_of_torch_bytes(write_case, tmp_path):

@@ -30,8 +30,8 @@ def load_impl(case: Case, side: SideSpec) -> Impl:
     target, function = name.rsplit(":", 1)
     if target.endswith(".py"):
         path = Path(target)
-        if not path.is_absolute():
-            path = Path(case.source).parent / path if not path.exists() else path
+        beside_case = Path(case.source).parent / path
+        path = (beside_case if beside_case.exists() else path).resolve()
         spec = importlib.util.spec_from_file_location(f"xfalign_user_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

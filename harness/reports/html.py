@@ -1,0 +1,110 @@
+"""Self-contained HTML report (inline CSS, JS and SVG; no network), made from Jinja2 templates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from jinja2 import Environment, PackageLoader
+
+from harness.case import describe_expectation
+from harness.compare import CaseComparison, TensorPair
+from harness.dtypes import to_numpy_dtype
+from harness.files import write_text_atomic
+from harness.metrics import ULP_BUCKETS
+
+_env = Environment(loader=PackageLoader("harness.reports", "templates"), autoescape=True,
+                   trim_blocks=True, lstrip_blocks=True)
+
+
+def _value(bits: int, dtype: str) -> str:
+    array = np.array([bits], dtype=np.uint64).astype({2: np.uint16, 4: np.uint32, 8: np.uint64}[to_numpy_dtype(dtype).itemsize])
+    return repr(float(array.view(to_numpy_dtype(dtype))[0]))
+
+
+def _hex(bits: int, dtype: str) -> str:
+    return f"0x{bits:0{to_numpy_dtype(dtype).itemsize * 2}x}"
+
+
+def _index(flat: int | None, shape: tuple[int, ...]) -> str:
+    if flat is None:
+        return "-"
+    return "[" + ", ".join(str(int(i)) for i in np.unravel_index(flat, shape)) + "]" if shape else "[]"
+
+
+def _pair_view(pair: TensorPair, first_divergent: str | None) -> dict:
+    digest = pair.a or pair.b
+    stats = pair.stats
+    view = {
+        "name": pair.name, "anchor": "t-" + pair.name.replace(".", "-"),
+        "shape": list(digest.shape), "dtype": digest.dtype if not (pair.a and pair.b) or pair.a.dtype == pair.b.dtype
+        else f"{pair.a.dtype} / {pair.b.dtype}",
+        "md5_a": pair.a.md5 if pair.a else "-", "md5_b": pair.b.md5 if pair.b else "-",
+        "bitwise": pair.bitwise, "holds": pair.holds, "expectation": describe_expectation(pair.expectation),
+        "findings": pair.findings, "first_divergent": pair.name == first_divergent, "stats": None,
+    }
+    if stats is None:
+        return view
+    shape = pair.a.shape
+    total = max(sum(stats.ulp_histogram.values()), 1)
+    view["stats"] = {
+        "elements": stats.elements, "differing": stats.differing, "canonical_equal": stats.canonical_equal,
+        "signed_zero_only": stats.signed_zero_only, "nan_payload_only": stats.nan_payload_only,
+        "nan_mismatch": stats.nan_mismatch, "inf_mismatch": stats.inf_mismatch,
+        "max_ulp": stats.max_ulp, "max_ulp_at": _index(stats.max_ulp_flat_index, shape),
+        "max_abs": f"{stats.max_abs:.6g}", "max_abs_at": _index(stats.max_abs_flat_index, shape),
+        "max_rel": f"{stats.max_rel:.6g}", "max_rel_at": _index(stats.max_rel_flat_index, shape),
+        "histogram": [{"bucket": b, "count": stats.ulp_histogram[b],
+                       "height": 0 if not stats.ulp_histogram[b] else max(2, round(100 * stats.ulp_histogram[b] / total))}
+                      for b in ULP_BUCKETS],
+        "worst": [{"index": _index(w.flat_index, shape), "ulp": "NaN/Inf" if w.ulp is None else w.ulp,
+                   "a": _value(w.a_bits, pair.a.dtype), "b": _value(w.b_bits, pair.a.dtype),
+                   "a_bits": _hex(w.a_bits, pair.a.dtype), "b_bits": _hex(w.b_bits, pair.a.dtype)}
+                  for w in stats.worst],
+    }
+    if pair.mismatches is not None:
+        m = pair.mismatches
+        view["heatmap"] = json.dumps({"rows": m.rows, "cols": m.cols, "rowStep": m.row_step, "colStep": m.col_step,
+                                      "counts": m.counts, "maxUlp": m.max_ulp}, separators=(",", ":"))
+    return view
+
+
+def case_view(comparison: CaseComparison) -> dict:
+    first = comparison.first_divergent
+    sides = []
+    for label, side in (("A", comparison.a), ("B", comparison.b)):
+        sides.append({"label": label, "name": side.name, "framework": side.framework, "impl": side.impl,
+                      "mode": side.mode, "provenance": side.provenance,
+                      "environment": {k: v for k, v in side.environment.items() if v not in (None, {}, "")}})
+    return {
+        "name": comparison.case_name, "passed": comparison.passed,
+        "first_divergent": first.name if first else None, "sides": sides,
+        "inputs": {name: d.to_json() for name, d in comparison.inputs.items()},
+        "tensors": [_pair_view(pair, first.name if first else None) for pair in comparison.pairs],
+        "bitwise_count": sum(pair.bitwise for pair in comparison.pairs),
+    }
+
+
+def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
+    html = _env.get_template("case.html.j2").render(case=case_view(comparison))
+    return write_text_atomic(path, html)
+
+
+def write_index(entries: list[tuple[CaseComparison, Path]], path: str | Path) -> Path:
+    rows = [{"name": c.case_name, "passed": c.passed, "href": p.name, "tensors": len(c.pairs),
+             "bitwise": sum(pair.bitwise for pair in c.pairs),
+             "first_divergent": c.first_divergent.name if c.first_divergent else None} for c, p in entries]
+    return write_text_atomic(path, _env.get_template("index.html.j2").render(cases=rows))
+
+
+def write_reports(comparisons: list[CaseComparison], target: str | Path) -> Path:
+    """One report per case; with several, `target` is a folder holding them and index.html (returned)."""
+    target = Path(target)
+    if len(comparisons) == 1 and target.suffix == ".html":
+        return write_case_report(comparisons[0], target)
+    folder = target if target.suffix != ".html" else target.parent
+    entries = [(c, write_case_report(c, folder / f"{c.case_name}.html")) for c in comparisons]
+    if len(entries) == 1 and target.suffix != ".html":
+        return entries[0][1]
+    return write_index(entries, target if target.suffix == ".html" else folder / "index.html")

@@ -1,0 +1,96 @@
+"""The HTML report, opened in headless Chromium: verdicts, numbers, sorting, filter, screenshot."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from harness.compare import compare_dumps
+from harness.reports.html import write_reports
+
+from conftest import ROOT
+from report_fixtures import known_diff_dumps
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1400,1800"]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    for tool in ("chromium", "chromedriver"):
+        assert shutil.which(tool), f"{tool} is missing: run scripts/setup.sh"
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    comparison = compare_dumps(*known_diff_dumps())
+    return write_reports([comparison], tmp_path_factory.mktemp("html") / "known_diff.html")
+
+
+def visible_names(browser):
+    return [row.get_attribute("data-name") for row in browser.find_elements(By.CSS_SELECTOR, "#tensors tbody tr")
+            if row.is_displayed()]
+
+
+def test_report_is_self_contained(report):
+    html = report.read_text()
+    assert "http://" not in html and "https://" not in html and "<link" not in html and "src=" not in html
+
+
+def test_report_in_browser(browser, report):
+    browser.get(report.as_uri())
+    assert browser.find_element(By.ID, "verdict").text == "FAIL"
+    assert browser.find_element(By.ID, "first-divergent").text == "out"
+    rows = {row.get_attribute("data-name"): [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#tensors tbody tr")}
+    # columns: tensor, shape, dtype, md5 A, md5 B, bitwise, differing, max ULP, max abs, max rel, expect, holds
+    assert rows["out"][5:8] == ["no", "1", "1"] and rows["out"][11] == "NO"
+    assert rows["grad.x"][5:8] == ["yes", "0", "0"] and rows["grad.x"][11] == "yes"
+    assert rows["grad.probs"][5:8] == ["no", "3", "1"]
+    section = browser.find_element(By.ID, "t-out")
+    assert "[3, 5]" in section.find_element(By.CSS_SELECTOR, "table.worst tbody tr").text  # the 1-ULP element
+    caption = section.find_element(By.CSS_SELECTOR, ".heatmap-caption").text
+    assert caption.startswith("Where they differ:") and "up to 1." in caption
+    assert section.find_element(By.CSS_SELECTOR, "canvas.heatmap").size["width"] > 0
+
+    browser.find_element(By.ID, "only-differing").click()
+    assert visible_names(browser) == ["out", "grad.probs"]
+    browser.find_element(By.ID, "only-differing").click()
+    assert visible_names(browser) == ["out", "grad.x", "grad.probs"]
+
+    differing = browser.find_elements(By.CSS_SELECTOR, "#tensors thead th")[6]
+    differing.click()
+    assert visible_names(browser) == ["grad.x", "out", "grad.probs"]
+    differing.click()
+    assert visible_names(browser) == ["grad.probs", "out", "grad.x"]
+
+    screenshots = ROOT / "reports" / "screenshots"
+    screenshots.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(screenshots / "known_diff.png"))
+
+
+def test_several_cases_get_an_index(tmp_path):
+    first, second = compare_dumps(*known_diff_dumps()), compare_dumps(*known_diff_dumps(rows=16, cols=16))
+    second.case_name = "smaller"
+    index = write_reports([first, second], tmp_path / "reports")
+    assert index == tmp_path / "reports" / "index.html"
+    html = index.read_text()
+    assert 'href="known_diff.html"' in html and 'href="smaller.html"' in html and "0 of 2 cases pass" in html
+    assert (tmp_path / "reports" / "smaller.html").exists()
+
+
+def test_text_from_dumps_is_escaped(tmp_path):
+    a, b = known_diff_dumps()
+    a.meta["provenance"] = "<script>alert(1)</script>"
+    html = write_reports([compare_dumps(a, b)], tmp_path / "r.html").read_text()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
