@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import copy
+import itertools
+import operator
 import re
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -32,7 +36,7 @@ class Strict(BaseModel):
 
 
 class InputSpec(Strict):
-    shape: list[int] = Field(min_length=1)
+    shape: list[int] = Field(min_length=1)  # items may be expressions over vars and options: "tokens * topk"
     dtype: Literal[tuple(NUMPY_DTYPES)]  # type: ignore[valid-type]
     dist: Literal["normal", "uniform"] = "normal"
     mean: float = 0.0
@@ -91,6 +95,8 @@ def describe_expectation(expectation: Expectation) -> str:
 class Case(Strict):
     name: str
     description: str = ""
+    sweep_of: str | None = None  # the sweep this case is a point of
+    vars: dict[str, int] = {}  # names usable in shapes, and sweepable
     op: str
     options: dict[str, Any] = {}
     device: Literal["cpu", "cuda"] = "cpu"
@@ -134,17 +140,105 @@ def _locate(lines: dict[tuple, int], loc: tuple) -> tuple[int, str]:
     return 1, ".".join(str(p) for p in data_loc)
 
 
-def validate_case(data: Any, source: str, lines: dict[tuple, int] | None = None) -> Case:
-    """Validate parsed YAML (schema, then the op family's own rules)."""
+def _eval_dim(text: str, names: dict[str, Any]) -> int:
+    """An int expression over names: + - * // and parentheses, nothing else."""
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name) and type(names.get(node.id)) is int:
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(f"cannot evaluate {ast.unparse(node)!r} (known: {', '.join(sorted(names)) or 'none'})")
+
+    return value(ast.parse(text, mode="eval"))
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def _resolve_shapes(data: dict) -> None:
+    names = {**(data.get("options") or {}), **(data.get("vars") or {})}
+    for name, spec in (data.get("inputs") or {}).items():
+        if isinstance(spec, dict) and isinstance(spec.get("shape"), list):
+            for i, dim in enumerate(spec["shape"]):
+                if isinstance(dim, str):
+                    try:
+                        spec["shape"][i] = _eval_dim(dim, names)
+                    except (ValueError, SyntaxError) as error:
+                        raise FieldProblem(("inputs", name, "shape", i), str(error)) from None
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        return "x".join(map(str, value))
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}.get(str(value), str(value))
+
+
+def _apply(point: dict, label: str, value: Any, working_inputs: tuple[str, ...]) -> None:
+    """Set one sweep value: a var, seed, dtype (the family's working-dtype inputs), a dotted path, or an option."""
+    if label in (point.get("vars") or {}):
+        point["vars"][label] = value
+    elif label == "seed":
+        point["seed"] = value
+    elif label == "dtype":
+        for name in working_inputs:
+            if name in point.get("inputs", {}):
+                point["inputs"][name]["dtype"] = value
+    elif "." in label:
+        *parents, leaf = label.split(".")
+        target = point
+        for key in parents:
+            if not isinstance(target.get(key), dict):
+                raise FieldProblem(("sweep", label), f"no field {key!r} on the way to {label!r}")
+            target = target[key]
+        target[leaf] = value
+    else:
+        point.setdefault("options", {})[label] = value
+
+
+def expand_sweep(data: dict) -> list[dict]:
+    """A case with `sweep: {label: [values]}` becomes one case per combination, named base[label=value,...]."""
+    from harness.ops import family_for
+
+    sweep = data.pop("sweep", None)
+    if sweep is None:
+        return [data]
+    if not isinstance(sweep, dict) or not sweep:
+        raise FieldProblem(("sweep",), "sweep is a mapping of label: [values]")
+    for label, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise FieldProblem(("sweep", label), "a sweep label takes a non-empty list of values")
+    working = family_for(str(data.get("op"))).working_inputs
+    points = []
+    for values in itertools.product(*sweep.values()):
+        point = copy.deepcopy(data)
+        for label, value in zip(sweep, values):
+            _apply(point, label, value, working)
+        point["name"] = f"{data['name']}[{','.join(f'{l}={_short(v)}' for l, v in zip(sweep, values))}]"
+        point["sweep_of"] = data["name"]
+        points.append(point)
+    return points
+
+
+def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None) -> list[Case]:
+    """Validate parsed YAML: sweep expansion, shape expressions, schema, then the op family's rules."""
     from harness.ops import family_for
 
     lines = lines or {}
     if not isinstance(data, dict):
         raise CaseError(f"{source}:1: (top level): a case is a mapping of fields")
     data = {"name": Path(source).stem, **data}
+    cases, point = [], None
     try:
-        case = Case(**data, source=source)
-        family_for(case.op).validate(case)
+        for point in expand_sweep(data):
+            _resolve_shapes(point)
+            case = Case(**point, source=source)
+            family_for(case.op).validate(case)
+            cases.append(case)
     except ValidationError as error:
         # In a union, the member that got deepest into the value explains the problem best.
         first = max(error.errors(), key=lambda e: len(e["loc"]))
@@ -152,14 +246,19 @@ def validate_case(data: Any, source: str, lines: dict[tuple, int] | None = None)
         message = first["msg"]
         if first["type"] == "literal_error":
             message = f"{message}, got {first['input']!r}"
-        raise CaseError(f"{source}:{line}: {field}: {message}") from None
+        raise CaseError(f"{source}:{line}: {field}: {message}{_in_point(point)}") from None
     except FieldProblem as problem:
         line, field = _locate(lines, problem.path)
-        raise CaseError(f"{source}:{line}: {field}: {problem.message}") from None
-    return case
+        raise CaseError(f"{source}:{line}: {field}: {problem.message}{_in_point(point)}") from None
+    return cases
 
 
-def load_case(path: str | Path) -> Case:
+def _in_point(point: dict | None) -> str:
+    return f" (in sweep point {point['name']})" if point and point.get("sweep_of") else ""
+
+
+def load_cases(path: str | Path) -> list[Case]:
+    """A case file: one case, or one per sweep point."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -174,4 +273,12 @@ def load_case(path: str | Path) -> Case:
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise CaseError(f"{path}:{line}: (yaml): {problem}") from None
     lines = _line_map(node) if node is not None else {}
-    return validate_case(data, str(path), lines)
+    return validate_cases(data, str(path), lines)
+
+
+def load_case(path: str | Path) -> Case:
+    """A case file that holds one case (no sweep)."""
+    cases = load_cases(path)
+    if len(cases) != 1:
+        raise CaseError(f"{path}:1: sweep: this file is a sweep of {len(cases)} points; run it with xfalign run")
+    return cases[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness.case import CaseError, load_case
+from harness.case import CaseError, load_cases
 from harness.compare import InputMismatch, compare_dumps
 from harness.dump import Dump, DumpError
 from harness.gate import Golden, check, describe_update
@@ -68,6 +68,24 @@ def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
     return None
 
 
+def _load_all(paths: list[Path]) -> list:
+    """Every case (and sweep point) of every file, all validated before any runs."""
+    return [case for path in paths for case in load_cases(path)]
+
+
+def _print_sweep_summaries(cases, passed: dict[str, bool], console: Console) -> None:
+    """One line per sweep: how many of its points passed (crashed points count as not passed)."""
+    sweeps: dict[str, list] = {}
+    for case in cases:
+        if case.sweep_of:
+            sweeps.setdefault(case.sweep_of, []).append(case.name)
+    for sweep, names in sweeps.items():
+        ok = sum(passed.get(name, False) for name in names)
+        failing = [name for name in names if not passed.get(name, False)]
+        tail = f"; not passing: {', '.join(failing)}" if failing else ""
+        console.print(f"sweep {sweep}: {len(names)} points, {ok} pass{tail}", highlight=False, markup=False)
+
+
 def _write_outputs(args, comparisons, console: Console) -> None:
     if not comparisons:
         return
@@ -77,7 +95,7 @@ def _write_outputs(args, comparisons, console: Console) -> None:
 
 
 def cmd_run(args, console: Console) -> int:
-    cases = [load_case(path) for path in args.cases]  # validate every file before running any
+    cases = _load_all(args.cases)
     comparisons, crashed = [], []
     for case in cases:
         try:
@@ -93,6 +111,7 @@ def cmd_run(args, console: Console) -> int:
             continue
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
+    _print_sweep_summaries(cases, {c.case_name: c.passed for c in comparisons}, console)
     _write_outputs(args, comparisons, console)
     if crashed:
         return EXIT_SIDE_CRASHED
@@ -104,8 +123,8 @@ def cmd_gate(args, console: Console) -> int:
         raise UsageError("--only-failing goes with --update")
     if args.repeat < 1:
         raise UsageError("--repeat must be >= 1")
-    cases = [load_case(path) for path in args.cases]
-    comparisons, crashed, failed = [], [], []
+    cases = _load_all(args.cases)
+    comparisons, crashed, failed, gate_passed = [], [], [], {}
     for case in cases:
         try:
             with console.status(f"running {case.name} ..."):
@@ -124,8 +143,10 @@ def cmd_gate(args, console: Console) -> int:
             console.print(f"golden {run.case_id}: {describe_update(golden, new)}", highlight=False)
             result = check(run, Golden.read(args.baseline, run.case_id))
         print_gate_result(result, console)
+        gate_passed[case.name] = result.passed
         if not result.passed:
             failed.append(case.name)
+    _print_sweep_summaries(cases, gate_passed, console)
     _write_outputs(args, comparisons, console)
     console.print(f"gate: {len(cases) - len(failed) - len(crashed)} passed, {len(failed)} failed"
                   + (f", {len(crashed)} crashed" if crashed else ""))

@@ -70,6 +70,7 @@ class CaseComparison:
     b: SideInfo
     pairs: list[TensorPair]
     inputs: dict[str, Digest]
+    unavailable: str | None = None  # a side could not run here: nothing was compared
 
     @property
     def passed(self) -> bool:
@@ -105,6 +106,9 @@ def pair_tensors(name: str, a: np.ndarray | None, b: np.ndarray | None, expectat
 
 
 def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseComparison:
+    missing = [f"side {d.side!r}: {d.meta['unavailable']}" for d in (a, b) if "unavailable" in d.meta]
+    if missing:
+        return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), [], {}, "; ".join(missing))
     if a.meta["inputs"] != b.meta["inputs"]:
         differing = sorted(n for n in a.meta["inputs"].keys() | b.meta["inputs"].keys()
                            if a.meta["inputs"].get(n) != b.meta["inputs"].get(n))

@@ -10,12 +10,16 @@ from safetensors.numpy import load_file, save_file
 
 from harness.case import Case, InputSpec
 from harness.dtypes import to_numpy_dtype
+from harness.ops import family_for
 
 
-def generate_input(name: str, spec: InputSpec, case_seed: int) -> np.ndarray:
+def generate_input(name: str, spec: InputSpec, case: Case) -> np.ndarray:
     # Seeded by (seed, name): adding an input to a case leaves the others' bits unchanged.
-    seed = spec.seed if spec.seed is not None else case_seed
+    seed = spec.seed if spec.seed is not None else case.seed
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    made = family_for(case.op).generate_input(name, case, rng)
+    if made is not None:
+        return made
     if spec.dist == "normal":
         values = rng.normal(spec.mean, spec.std, size=spec.shape)
     else:
@@ -29,7 +33,7 @@ def generate_input(name: str, spec: InputSpec, case_seed: int) -> np.ndarray:
 
 
 def generate_inputs(case: Case) -> dict[str, np.ndarray]:
-    return {name: generate_input(name, spec, case.seed) for name, spec in case.inputs.items()}
+    return {name: generate_input(name, spec, case) for name, spec in case.inputs.items()}
 
 
 def write_inputs(arrays: dict[str, np.ndarray], path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from harness.case import CaseError, load_case
+from harness.case import CaseError, load_cases
 from harness.gate import Golden, check
 from harness.reports.terminal import print_comparison, print_gate_result
 from harness.runner import SideFailed, run_case
@@ -48,10 +48,11 @@ def pytest_collect_file(file_path: Path, parent):
 class CaseFile(pytest.File):
     def collect(self):
         try:
-            case = load_case(self.path)
+            cases = load_cases(self.path)
         except CaseError as error:
             raise self.CollectError(str(error)) from None
-        yield CaseItem.from_parent(self, name=case.name, case=case)
+        for case in cases:  # one item per sweep point
+            yield CaseItem.from_parent(self, name=case.name, case=case)
 
 
 class CaseItem(pytest.Item):

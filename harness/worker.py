@@ -20,6 +20,7 @@ from harness.case import Case
 from harness.digest import Digest
 from harness.dump import Dump
 from harness.inputs import read_inputs
+from harness.ops import NotAvailable
 
 INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 
@@ -39,17 +40,23 @@ def run_job(job: dict) -> Path:
     side = case.sides[job["side"]]
     prepare_environment(side.framework, side.mode)
     runner = importlib.import_module(f"harness.sides.{side.framework}")
-    arrays = read_inputs(Path(job["inputs"]))
-    runs = [runner.run(case, job["side"], arrays) for _ in range(job.get("repeat", 1))]
-    output = runs[0]
     meta = {
         "xfalign": __version__,
         "case": case.to_json(),
-        "case_name": job.get("point", case.name),
+        "case_name": case.name,
         "side": job["side"],
         "framework": side.framework,
         "impl": side.impl or "megatron",
         "mode": side.mode if side.framework == "megatron" else None,
+    }
+    arrays = read_inputs(Path(job["inputs"]))
+    try:
+        runs = [runner.run(case, job["side"], arrays) for _ in range(job.get("repeat", 1))]
+    except NotAvailable as reason:
+        meta |= {"provenance": "-", "environment": {}, "inputs": {}, "unavailable": str(reason)}
+        return Dump(meta, {}).write(job["dump"])
+    output = runs[0]
+    meta |= {
         "provenance": output.provenance,
         "environment": output.environment,
         "inputs": {name: digest.to_json() for name, digest in output.input_digests.items()},

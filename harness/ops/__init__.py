@@ -9,7 +9,11 @@ from typing import Any, Callable
 
 from harness.case import FieldProblem
 
-FAMILIES = ("swiglu",)
+FAMILIES = ("swiglu", "moe_combine", "linear")
+
+
+class NotAvailable(Exception):
+    """An implementation that cannot run here (e.g. a GPU-only kernel on CPU): a result, not a crash."""
 
 
 @dataclass(frozen=True)

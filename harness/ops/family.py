@@ -12,6 +12,10 @@ class OpFamily:
     megatron_variants: tuple[str, ...]
     upstream: dict[str, str]  # output name -> input holding its upstream gradient
     signature: tuple[str, ...]  # implementation's tensor parameters, in order (absent ones get None)
+    working_inputs: tuple[str, ...]  # inputs in the working dtype (what a `dtype` sweep sets)
+    # Layout adapter: inputs a framework takes transposed (same bits, last two dims swapped). Their
+    # gradients are transposed back, so every tensor is compared in one layout (torch's).
+    transposed: dict[str, tuple[str, ...]] = {}
 
     # -- per family -------------------------------------------------------------------------
     def options(self, case: Case):
@@ -24,13 +28,21 @@ class OpFamily:
     def validate_inputs(self, case: Case) -> None:
         raise NotImplementedError
 
+    def generate_input(self, name: str, case: Case, rng) -> "np.ndarray | None":
+        """Inputs the family makes itself (e.g. a routing map); None: the generic generator."""
+        return None
+
     def grad_inputs(self, case: Case) -> list[str]:
         return [n for n in self.forward_inputs(case) if case.inputs[n].dtype in FLOAT_DTYPES]
 
     # -- shared -----------------------------------------------------------------------------
+    def extra_outputs(self, case: Case) -> list[str]:
+        """Forward outputs captured beside the differentiated ones (no upstream gradient)."""
+        return []
+
     def tensor_names(self, case: Case) -> list[str]:
         """Captured tensors in forward -> backward order."""
-        return list(self.upstream) + [f"grad.{n}" for n in self.grad_inputs(case)]
+        return list(self.upstream) + self.extra_outputs(case) + [f"grad.{n}" for n in self.grad_inputs(case)]
 
     def default_impl(self, framework: str) -> str | None:
         return "megatron" if framework == "megatron" else None

@@ -43,6 +43,8 @@ def comparison_table(comparison: CaseComparison) -> Table:
 
 
 def verdict_line(comparison: CaseComparison) -> str:
+    if comparison.unavailable:
+        return f"[bold yellow]N/A[/] {comparison.case_name}: not available here: {comparison.unavailable}"
     bitwise = sum(pair.bitwise for pair in comparison.pairs)
     summary = f"{len(comparison.pairs)} tensors, {bitwise} bitwise equal"
     if comparison.passed:

@@ -67,14 +67,19 @@ def run_family(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], to_ten
     impl = load_impl(case, side)
     options = family.options(case).model_dump()
     differentiable = set(family.grad_inputs(case))
-    tensors = {name: to_tensor(array, name in differentiable) for name, array in arrays.items()}
-    consumed = {name: Digest.of(to_numpy(t)) for name, t in tensors.items()}
+    transposed = set(family.transposed.get(side.framework, ()))
+
+    def to_framework_layout(name: str, array: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(array.swapaxes(-1, -2)) if name in transposed else array
+
+    tensors = {name: to_tensor(to_framework_layout(name, array), name in differentiable) for name, array in arrays.items()}
+    consumed = {name: Digest.of(to_framework_layout(name, to_numpy(t))) for name, t in tensors.items()}
     result = impl.fn(*(tensors.get(name) for name in family.signature), options)
     outputs = result if isinstance(result, dict) else {next(iter(family.upstream)): result}
     backward([outputs[name] for name in family.upstream], [tensors[g] for g in family.upstream.values()])
-    captured = {name: to_numpy(outputs[name]) for name in family.upstream}
+    captured = {name: to_numpy(outputs[name]) for name in [*family.upstream, *family.extra_outputs(case)] if name in outputs}
     for name in family.grad_inputs(case):
         grad = grad_of(tensors[name])
         if grad is not None:
-            captured[f"grad.{name}"] = to_numpy(grad)
+            captured[f"grad.{name}"] = to_framework_layout(name, to_numpy(grad))
     return SideOutput(captured, consumed, impl.provenance_for(options))

@@ -47,6 +47,7 @@ class SwigluFamily(OpFamily):
     megatron_variants = ("megatron",)
     upstream = {"out": "grad_out"}
     signature = ("x", "bias", "probs")
+    working_inputs = ("x", "bias", "grad_out")
 
     def options(self, case: Case) -> SwigluOptions:
         try:

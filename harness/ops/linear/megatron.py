@@ -1,0 +1,62 @@
+"""Megatron side of the linear family: the real megatron.core.tensor_parallel.ColumnParallelLinear at
+TP=1, built inside a one-process torch.distributed group (gloo on CPU, nccl on GPU)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import contextmanager
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.model_parallel_config import ModelParallelConfig
+
+from harness.ops import Impl, NotAvailable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def model_parallel(device: str):
+    """A one-process torch.distributed group and TP=1/PP=1 model parallel state, torn down after."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def megatron(x, weight, bias, options):
+    config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=weight.dtype,
+                                 gradient_accumulation_fusion=options["gradient_accumulation_fusion"])
+    device = x.device.type
+    with model_parallel(device):
+        if device == "cuda":
+            tensor_parallel.random.model_parallel_cuda_manual_seed(0)
+        try:
+            layer = tensor_parallel.ColumnParallelLinear(
+                weight.shape[1], weight.shape[0], config=config, init_method=torch.nn.init.zeros_,
+                bias=bias is not None, gather_output=False, skip_weight_param_allocation=True)
+        except RuntimeError as error:
+            if "gradient_accumulation_fusion" in str(error):
+                raise NotAvailable(f"gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda: {error}") from None
+            raise
+        if bias is not None:
+            del layer.bias  # use the harness's tensor, so its gradient lands where it is captured
+            layer.bias = bias
+        layer.to(device)
+        # Megatron's input is [s, b, h]; a 2-D x is [M, 1, h] (same GEMM, rows flattened)
+        out, _ = layer(x if x.dim() == 3 else x.unsqueeze(1), weight=weight)
+    return out if x.dim() == 3 else out.squeeze(1)
+
+
+IMPLS = {"megatron": Impl(megatron, "megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (TP=1, "
+                                    "gradient_accumulation_fusion as in the case)")}

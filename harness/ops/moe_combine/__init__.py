@@ -1,0 +1,106 @@
+"""MoE combine (unpermute): expert outputs in expert-major order back to tokens, optionally times probs.
+
+Signature of every implementation, built-in or user:
+
+    fn(expert_out, probs, routing_map, logits, options) -> {"out": ..., ...}   (or just out)
+
+expert_out is [N*topk, H] in `permute`'s order (expert-major, tokens ascending within an expert);
+routing_map is [N, E] bool and probs [N, E] (routing: map), or both are None and logits [N, E] is given
+(routing: router, each side routes with its own top-k softmax and returns "routing.probs" and
+"routing.map" beside "out"). options: topk, apply_probs, deterministic, routing, empty_experts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, ValidationError, model_validator
+
+from harness.case import Case, FieldProblem, Strict
+from harness.ops.family import OpFamily
+
+
+class MoeCombineOptions(Strict):
+    topk: int = Field(ge=1)
+    routing: Literal["map", "router"] = "map"
+    apply_probs: bool = True  # probs applied in unpermute (before mcore 0.13) or by the experts (since)
+    deterministic: bool = False  # torch.use_deterministic_algorithms: index_add_ instead of scatter_add_
+    empty_experts: int = Field(0, ge=0)  # experts that receive no token (routing: map)
+
+    @model_validator(mode="after")
+    def _combination(self) -> MoeCombineOptions:
+        if self.routing == "router" and self.empty_experts:
+            raise FieldProblem(("options", "empty_experts"), "empty_experts needs routing: map (a router picks its own experts)")
+        return self
+
+
+class MoeCombineFamily(OpFamily):
+    name = "moe_combine"
+    paddle_variants = ("default", "fp32_accumulate", "gather_sum")
+    megatron_variants = ("megatron",)
+    upstream = {"out": "grad_out"}
+    signature = ("expert_out", "probs", "routing_map", "logits")
+    working_inputs = ("expert_out", "grad_out")
+
+    def options(self, case: Case) -> MoeCombineOptions:
+        try:
+            return MoeCombineOptions(**case.options)
+        except ValidationError as error:
+            first = error.errors()[0]
+            raise FieldProblem(("options",) + tuple(first["loc"]), first["msg"]) from None
+
+    def forward_inputs(self, case: Case) -> list[str]:
+        options = self.options(case)
+        if options.routing == "router":
+            return ["expert_out", "logits"]
+        return ["expert_out"] + (["probs"] if options.apply_probs else []) + ["routing_map"]
+
+    def extra_outputs(self, case: Case) -> list[str]:
+        return ["routing.probs", "routing.map"] if self.options(case).routing == "router" else []
+
+    def grad_inputs(self, case: Case) -> list[str]:
+        options = self.options(case)
+        names = ["expert_out"]
+        if options.apply_probs:
+            names.append("logits" if options.routing == "router" else "probs")
+        return names
+
+    def validate_inputs(self, case: Case) -> None:
+        options = self.options(case)
+        grad = case.inputs["grad_out"].shape
+        if len(grad) != 2:
+            raise FieldProblem(("inputs", "grad_out", "shape"), "grad_out is [tokens, hidden]")
+        tokens, hidden = grad
+        scores = "logits" if options.routing == "router" else "routing_map"
+        shape = case.inputs[scores].shape
+        if len(shape) != 2 or shape[0] != tokens:
+            raise FieldProblem(("inputs", scores, "shape"), f"{scores} must be [tokens={tokens}, experts], got {shape}")
+        experts = shape[1]
+        if options.topk > experts - options.empty_experts:
+            raise FieldProblem(("options", "topk"), f"topk {options.topk} is more than the {experts - options.empty_experts} "
+                               f"experts that can receive tokens ({experts} experts, {options.empty_experts} left empty)")
+        expected = {"expert_out": [tokens * options.topk, hidden], "probs": [tokens, experts]}
+        for name, want in expected.items():
+            spec = case.inputs.get(name)
+            if spec is not None and spec.shape != want:
+                raise FieldProblem(("inputs", name, "shape"), f"{name} must be {want} (tokens x topk, hidden), got {spec.shape}")
+        if "routing_map" in case.inputs and case.inputs["routing_map"].dtype != "bool":
+            raise FieldProblem(("inputs", "routing_map", "dtype"), "routing_map is bool")
+        if case.inputs["grad_out"].dtype != case.inputs["expert_out"].dtype:
+            raise FieldProblem(("inputs", "grad_out", "dtype"), "grad_out must have expert_out's dtype")
+
+    def generate_input(self, name: str, case: Case, rng) -> np.ndarray | None:
+        if name != "routing_map":
+            return None
+        options = self.options(case)
+        tokens, experts = case.inputs[name].shape
+        # Leave the last `empty_experts` experts without tokens; pick topk distinct others per token,
+        # in random (unsorted) order of preference.
+        choices = np.argsort(rng.random((tokens, experts - options.empty_experts)), axis=1)[:, : options.topk]
+        routing = np.zeros((tokens, experts), dtype=bool)
+        np.put_along_axis(routing, choices, True, axis=1)
+        return routing
+
+
+FAMILY = MoeCombineFamily()
