@@ -235,6 +235,8 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
     cases, point = [], None
     try:
         for point in expand_sweep(data):
+            if isinstance(point.get("op"), str):  # options first: shapes may be computed from them
+                family_for(point["op"]).parse_options(point.get("options") or {})
             _resolve_shapes(point)
             case = Case(**point, source=source)
             family_for(case.op).validate(case)

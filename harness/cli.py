@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from harness.case import CaseError, load_cases
 from harness.compare import InputMismatch, compare_dumps
@@ -102,12 +103,12 @@ def cmd_run(args, console: Console) -> int:
             with console.status(f"running {case.name} ..."):
                 run = run_case(case, _dump_dirs(case, args, len(cases) > 1))
         except SideFailed as error:
-            console.print(f"[bold red]CRASH[/] {case.name}: {error}", highlight=False)
+            console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(error))}", highlight=False)
             crashed.append(case.name)
             continue
         if run.comparison is None:
             for side, dump in run.dumps.items():
-                console.print(f"{case.name}: side {side} dumped {len(dump.tensors)} tensors to {args.dump}")
+                console.print(f"{escape(case.name)}: side {side} dumped {len(dump.tensors)} tensors to {args.dump}")
             continue
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
@@ -130,7 +131,7 @@ def cmd_gate(args, console: Console) -> int:
             with console.status(f"running {case.name} ..."):
                 run = run_case(case, repeat=args.repeat)
         except SideFailed as error:
-            console.print(f"[bold red]CRASH[/] {case.name}: {error}", highlight=False)
+            console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(error))}", highlight=False)
             crashed.append(case.name)
             continue
         print_comparison(run.comparison, console)
@@ -140,7 +141,7 @@ def cmd_gate(args, console: Console) -> int:
         if args.update and (not args.only_failing or result.golden_problems):
             new = Golden.from_run(run)
             new.write(args.baseline, with_arrays=not args.digests_only)
-            console.print(f"golden {run.case_id}: {describe_update(golden, new)}", highlight=False)
+            console.print(f"golden {run.case_id}: {describe_update(golden, new)}", highlight=False, markup=False)
             result = check(run, Golden.read(args.baseline, run.case_id))
         print_gate_result(result, console)
         gate_passed[case.name] = result.passed

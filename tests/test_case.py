@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.case import CaseError, load_case
+from harness.case import CaseError, load_case, load_cases
 from harness.cli import main
 
 from conftest import SMALL_WEIGHTED
@@ -67,6 +67,6 @@ def test_cli_exits_2_with_one_line(write_case, capsys):
 def test_every_builtin_case_is_valid():
     from conftest import ROOT
     paths = sorted((ROOT / "cases").glob("*.yaml"))
-    assert len(paths) >= 14
-    for path in paths:
-        load_case(path)
+    assert len(paths) >= 24
+    points = [case for path in paths for case in load_cases(path)]
+    assert len(points) == len({case.name for case in points}) >= 40  # sweep points have unique ids

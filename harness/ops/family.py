@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ValidationError
+
 from harness.case import Case, FieldProblem
 from harness.dtypes import FLOAT_DTYPES
 
@@ -17,9 +19,19 @@ class OpFamily:
     # gradients are transposed back, so every tensor is compared in one layout (torch's).
     transposed: dict[str, tuple[str, ...]] = {}
 
-    # -- per family -------------------------------------------------------------------------
+    options_model: type[BaseModel]
+
+    def parse_options(self, raw: dict):
+        try:
+            return self.options_model(**raw)
+        except ValidationError as error:
+            first = error.errors()[0]
+            raise FieldProblem(("options",) + tuple(first["loc"]), first["msg"]) from None
+
     def options(self, case: Case):
-        raise NotImplementedError
+        return self.parse_options(case.options)
+
+    # -- per family -------------------------------------------------------------------------
 
     def forward_inputs(self, case: Case) -> list[str]:
         """Inputs passed to the implementation, in signature order (all differentiable)."""
@@ -36,6 +48,18 @@ class OpFamily:
         return [n for n in self.forward_inputs(case) if case.inputs[n].dtype in FLOAT_DTYPES]
 
     # -- shared -----------------------------------------------------------------------------
+    @staticmethod
+    def require(case: Case, shapes: dict[str, list[int]], dtype_of: str | None = None, same_dtype: tuple = ()) -> None:
+        """Inputs present in the case must have these shapes, and those in same_dtype dtype_of's dtype."""
+        for name, shape in shapes.items():
+            spec = case.inputs.get(name)
+            if spec is not None and spec.shape != shape:
+                raise FieldProblem(("inputs", name, "shape"), f"{name} must have shape {shape}, got {spec.shape}")
+        for name in same_dtype:
+            spec = case.inputs.get(name)
+            if spec is not None and spec.dtype != case.inputs[dtype_of].dtype:
+                raise FieldProblem(("inputs", name, "dtype"), f"{name} must have {dtype_of}'s dtype {case.inputs[dtype_of].dtype}")
+
     def extra_outputs(self, case: Case) -> list[str]:
         """Forward outputs captured beside the differentiated ones (no upstream gradient)."""
         return []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.case import describe_expectation
@@ -14,11 +15,11 @@ def _side_line(label: str, side: SideInfo) -> str:
     env = side.environment
     versions = ", ".join(f"{k} {env[k]}" for k in ("torch", "megatron_core", "paddle") if env.get(k))
     mode = f" ({side.mode})" if side.mode else ""
-    return f"[bold]{label}[/] {side.name}: {side.impl}{mode} on {env.get('device_name') or env.get('device')}; {versions}\n    {side.provenance}"
+    return escape(f"{label} {side.name}: {side.impl}{mode} on {env.get('device_name') or env.get('device')}; {versions}") + f"\n    {escape(side.provenance)}"
 
 
 def comparison_table(comparison: CaseComparison) -> Table:
-    table = Table(title=f"{comparison.case_name}", title_justify="left")
+    table = Table(title=escape(comparison.case_name), title_justify="left")
     for column, justify in [("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("md5 A", "left"),
                             ("md5 B", "left"), ("bitwise", "center"), ("differing", "right"),
                             ("max ULP", "right"), ("max abs", "right"), ("expect", "left"), ("holds", "center")]:
@@ -44,12 +45,12 @@ def comparison_table(comparison: CaseComparison) -> Table:
 
 def verdict_line(comparison: CaseComparison) -> str:
     if comparison.unavailable:
-        return f"[bold yellow]N/A[/] {comparison.case_name}: not available here: {comparison.unavailable}"
+        return f"[bold yellow]N/A[/] {escape(comparison.case_name)}: not available here: {escape(comparison.unavailable)}"
     bitwise = sum(pair.bitwise for pair in comparison.pairs)
     summary = f"{len(comparison.pairs)} tensors, {bitwise} bitwise equal"
     if comparison.passed:
-        return f"[bold green]PASS[/] {comparison.case_name}: {summary}; every expectation holds"
-    return f"[bold red]FAIL[/] {comparison.case_name}: {summary}; " + "; ".join(failure_text(p) for p in comparison.failing)
+        return f"[bold green]PASS[/] {escape(comparison.case_name)}: {summary}; every expectation holds"
+    return f"[bold red]FAIL[/] {escape(comparison.case_name)}: {summary}; " + escape("; ".join(failure_text(p) for p in comparison.failing))
 
 
 def print_comparison(comparison: CaseComparison, console: Console) -> None:
@@ -64,9 +65,9 @@ def print_comparison(comparison: CaseComparison, console: Console) -> None:
 
 def print_gate_result(result: GateResult, console: Console) -> None:
     if result.passed:
-        console.print(f"[bold green]GATE PASS[/] {result.case_id}: expectations hold, digests match the golden")
+        console.print(f"[bold green]GATE PASS[/] {escape(result.case_id)}: expectations hold, digests match the golden")
         return
-    console.print(f"[bold red]GATE FAIL[/] {result.case_id}:")
+    console.print(f"[bold red]GATE FAIL[/] {escape(result.case_id)}:")
     for problem in result.problems:
         console.print(f"  [{problem.kind}] {problem.text}", highlight=False, markup=False)
     if result.environment_changes:

@@ -11,8 +11,6 @@ bias is [out] or None. options: bias, gradient_accumulation_fusion.
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from harness.case import Case, FieldProblem, Strict
 from harness.ops.family import OpFamily
 
@@ -24,19 +22,13 @@ class LinearOptions(Strict):
 
 class LinearFamily(OpFamily):
     name = "linear"
+    options_model = LinearOptions
     paddle_variants = ("matmul_add", "functional_linear", "fused_linear")
     megatron_variants = ("megatron",)
     upstream = {"out": "grad_out"}
     signature = ("x", "weight", "bias")
     working_inputs = ("x", "weight", "bias", "grad_out")
     transposed = {"paddle": ("weight",)}
-
-    def options(self, case: Case) -> LinearOptions:
-        try:
-            return LinearOptions(**case.options)
-        except ValidationError as error:
-            first = error.errors()[0]
-            raise FieldProblem(("options",) + tuple(first["loc"]), first["msg"]) from None
 
     def forward_inputs(self, case: Case) -> list[str]:
         return ["x", "weight"] + (["bias"] if self.options(case).bias else [])
@@ -50,14 +42,7 @@ class LinearFamily(OpFamily):
                                f"weight is [out, in] (torch layout) with in = {x.shape[-1]} (x's last dim), got {weight.shape}")
         out_features = weight.shape[0]
         expected = {"bias": [out_features], "grad_out": x.shape[:-1] + [out_features]}
-        for name, shape in expected.items():
-            spec = case.inputs.get(name)
-            if spec is not None and spec.shape != shape:
-                raise FieldProblem(("inputs", name, "shape"), f"{name} must be {shape}, got {spec.shape}")
-        for name in ("weight", "bias", "grad_out"):
-            spec = case.inputs.get(name)
-            if spec is not None and spec.dtype != x.dtype:
-                raise FieldProblem(("inputs", name, "dtype"), f"{name} must have x's dtype {x.dtype}")
+        self.require(case, expected, dtype_of="x", same_dtype=("weight", "bias", "grad_out"))
 
 
 FAMILY = LinearFamily()

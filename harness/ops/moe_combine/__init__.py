@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from harness.case import Case, FieldProblem, Strict
 from harness.ops.family import OpFamily
@@ -37,18 +37,12 @@ class MoeCombineOptions(Strict):
 
 class MoeCombineFamily(OpFamily):
     name = "moe_combine"
+    options_model = MoeCombineOptions
     paddle_variants = ("default", "fp32_accumulate", "gather_sum")
     megatron_variants = ("megatron",)
     upstream = {"out": "grad_out"}
     signature = ("expert_out", "probs", "routing_map", "logits")
     working_inputs = ("expert_out", "grad_out")
-
-    def options(self, case: Case) -> MoeCombineOptions:
-        try:
-            return MoeCombineOptions(**case.options)
-        except ValidationError as error:
-            first = error.errors()[0]
-            raise FieldProblem(("options",) + tuple(first["loc"]), first["msg"]) from None
 
     def forward_inputs(self, case: Case) -> list[str]:
         options = self.options(case)
@@ -81,14 +75,9 @@ class MoeCombineFamily(OpFamily):
             raise FieldProblem(("options", "topk"), f"topk {options.topk} is more than the {experts - options.empty_experts} "
                                f"experts that can receive tokens ({experts} experts, {options.empty_experts} left empty)")
         expected = {"expert_out": [tokens * options.topk, hidden], "probs": [tokens, experts]}
-        for name, want in expected.items():
-            spec = case.inputs.get(name)
-            if spec is not None and spec.shape != want:
-                raise FieldProblem(("inputs", name, "shape"), f"{name} must be {want} (tokens x topk, hidden), got {spec.shape}")
+        self.require(case, expected, dtype_of="expert_out", same_dtype=("grad_out",))
         if "routing_map" in case.inputs and case.inputs["routing_map"].dtype != "bool":
             raise FieldProblem(("inputs", "routing_map", "dtype"), "routing_map is bool")
-        if case.inputs["grad_out"].dtype != case.inputs["expert_out"].dtype:
-            raise FieldProblem(("inputs", "grad_out", "dtype"), "grad_out must have expert_out's dtype")
 
     def generate_input(self, name: str, case: Case, rng) -> np.ndarray | None:
         if name != "routing_map":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import ValidationError, model_validator
+from pydantic import model_validator
 
 from harness.case import Case, FieldProblem, Strict
 from harness.ops.family import OpFamily
@@ -43,18 +43,12 @@ class SwigluOptions(Strict):
 
 class SwigluFamily(OpFamily):
     name = "swiglu"
+    options_model = SwigluOptions
     paddle_variants = ("fp32_island", "per_op_rounding", "fleet_cpu_fallback")
     megatron_variants = ("megatron",)
     upstream = {"out": "grad_out"}
     signature = ("x", "bias", "probs")
     working_inputs = ("x", "bias", "grad_out")
-
-    def options(self, case: Case) -> SwigluOptions:
-        try:
-            return SwigluOptions(**case.options)
-        except ValidationError as error:
-            first = error.errors()[0]
-            raise FieldProblem(("options",) + tuple(first["loc"]), first["msg"]) from None
 
     def forward_inputs(self, case: Case) -> list[str]:
         options = self.options(case)
@@ -66,14 +60,7 @@ class SwigluFamily(OpFamily):
             raise FieldProblem(("inputs", "x", "shape"), "x must be 2-D or 3-D with an even last dimension")
         hidden, tokens = x.shape[-1] // 2, math.prod(x.shape[:-1])
         expected = {"bias": [2 * hidden], "probs": [tokens, 1], "grad_out": x.shape[:-1] + [hidden]}
-        for name, shape in expected.items():
-            spec = case.inputs.get(name)
-            if spec is not None and spec.shape != shape:
-                raise FieldProblem(("inputs", name, "shape"), f"{name} must have shape {shape} for x {x.shape}, got {spec.shape}")
-        for name in ("bias", "grad_out"):
-            spec = case.inputs.get(name)
-            if spec is not None and spec.dtype != x.dtype:
-                raise FieldProblem(("inputs", name, "dtype"), f"{name} must have x's dtype {x.dtype}")
+        self.require(case, expected, dtype_of="x", same_dtype=("bias", "grad_out"))
         if self.options(case).activation != "swiglu":
             for side_name, side in case.sides.items():
                 if side.impl == "fleet_cpu_fallback":
