@@ -60,6 +60,7 @@ class SideSpec(Strict):
     framework: Literal["megatron", "paddle"]
     impl: str | None = None  # a built-in variant, or module:function / path/to/file.py:function
     mode: Literal["compile", "eager"] = "compile"  # Megatron execution mode (torch.compile or eager)
+    device: Literal["cpu", "cuda"] | None = None  # this side's device; default: the case's
 
     @property
     def is_user_function(self) -> bool:
@@ -115,6 +116,9 @@ class Case(Strict):
 
     def to_json(self) -> dict:
         return self.model_dump(mode="json")
+
+    def device_of(self, side: str) -> str:
+        return self.sides[side].device or self.device
 
 
 def _line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None) -> dict[tuple, int]:

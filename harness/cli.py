@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("cases", nargs="+", type=Path, help="YAML case files")
     run.add_argument("--side", help="run only this side (needs --dump)")
     run.add_argument("--dump", type=Path, help="write dumps here: DIR/<side> (DIR/<case>/<side> for several cases), or DIR itself with --side")
+    run.add_argument("--repeat", type=int, default=1, help="run each side N times; report digests that vary")
     run.add_argument("--json", type=Path, help="write the full comparison as JSON")
     run.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
@@ -101,7 +102,7 @@ def cmd_run(args, console: Console) -> int:
     for case in cases:
         try:
             with console.status(f"running {case.name} ..."):
-                run = run_case(case, _dump_dirs(case, args, len(cases) > 1))
+                run = run_case(case, _dump_dirs(case, args, len(cases) > 1), repeat=args.repeat)
         except SideFailed as error:
             console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(error))}", highlight=False)
             crashed.append(case.name)
@@ -112,7 +113,8 @@ def cmd_run(args, console: Console) -> int:
             continue
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
-    _print_sweep_summaries(cases, {c.case_name: c.passed for c in comparisons}, console)
+    if comparisons:
+        _print_sweep_summaries(cases, {c.case_name: c.passed for c in comparisons}, console)
     _write_outputs(args, comparisons, console)
     if crashed:
         return EXIT_SIDE_CRASHED

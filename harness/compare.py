@@ -56,11 +56,13 @@ class SideInfo:
     mode: str | None
     provenance: str
     environment: dict
+    nondeterministic: dict[str, int]  # tensor -> distinct digests over repeats, where more than one
 
     @classmethod
     def of(cls, dump: Dump) -> SideInfo:
         m = dump.meta
-        return cls(m["side"], m["framework"], m["impl"], m.get("mode"), m["provenance"], m["environment"])
+        return cls(m["side"], m["framework"], m["impl"], m.get("mode"), m["provenance"], m["environment"],
+                   dump.nondeterministic)
 
 
 @dataclass

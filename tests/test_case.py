@@ -66,7 +66,7 @@ def test_cli_exits_2_with_one_line(write_case, capsys):
 
 def test_every_builtin_case_is_valid():
     from conftest import ROOT
-    paths = sorted((ROOT / "cases").glob("*.yaml"))
-    assert len(paths) >= 24
+    paths = sorted((ROOT / "cases").glob("*.yaml")) + sorted((ROOT / "cases" / "gpu").glob("*.yaml"))
+    assert len(paths) >= 31
     points = [case for path in paths for case in load_cases(path)]
-    assert len(points) == len({case.name for case in points}) >= 40  # sweep points have unique ids
+    assert len(points) == len({case.name for case in points}) >= 50  # sweep points have unique ids

@@ -142,3 +142,5 @@ def test_nondeterminism_is_reported_per_side_not_blamed_on_the_other(write_case,
     out = capsys.readouterr().out
     assert "[nondeterministic] paddle/out: 3 different digests in 3 repeats on side paddle" in out
     assert "[expectation] out" not in out  # the unstable tensor is not blamed on Megatron
+    assert main(["run", str(path), "--repeat", "2"]) == 1
+    assert "out is nondeterministic on side paddle: 2 different digests over the repeats" in capsys.readouterr().out

@@ -75,7 +75,7 @@ def case_view(comparison: CaseComparison) -> dict:
     sides = []
     for label, side in (("A", comparison.a), ("B", comparison.b)):
         sides.append({"label": label, "name": side.name, "framework": side.framework, "impl": side.impl,
-                      "mode": side.mode, "provenance": side.provenance,
+                      "mode": side.mode, "provenance": side.provenance, "nondeterministic": side.nondeterministic,
                       "environment": {k: v for k, v in side.environment.items() if v not in (None, {}, "")}})
     return {
         "name": comparison.case_name, "passed": comparison.passed,

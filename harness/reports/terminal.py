@@ -57,6 +57,10 @@ def print_comparison(comparison: CaseComparison, console: Console) -> None:
     console.print(_side_line("A", comparison.a))
     console.print(_side_line("B", comparison.b))
     console.print(comparison_table(comparison))
+    for side in (comparison.a, comparison.b):
+        for name, distinct in side.nondeterministic.items():
+            console.print(f"  ! {name} is nondeterministic on side {side.name}: {distinct} different digests over the repeats",
+                          highlight=False, markup=False)
     for pair in comparison.pairs:
         if pair.findings:
             console.print(f"  * {pair.name}: " + "; ".join(pair.findings))

@@ -49,7 +49,7 @@ def environment(device: str) -> dict:
 
 
 def run(case: Case, side_name: str, arrays: dict[str, np.ndarray]) -> SideOutput:
-    device = "cuda" if case.device == "cuda" else "cpu"
+    device = case.device_of(side_name)
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("case asks for cuda but torch sees no GPU")
 

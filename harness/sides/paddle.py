@@ -40,9 +40,10 @@ def environment() -> dict:
 
 
 def run(case: Case, side_name: str, arrays: dict[str, np.ndarray]) -> SideOutput:
-    if case.device == "cuda" and not paddle.device.is_compiled_with_cuda():
+    device = case.device_of(side_name)
+    if device == "cuda" and not paddle.device.is_compiled_with_cuda():
         raise RuntimeError("Paddle on cuda is not available here (this paddlepaddle build is CPU only)")
-    paddle.set_device("gpu" if case.device == "cuda" else "cpu")
+    paddle.set_device("gpu" if device == "cuda" else "cpu")
 
     def to_tensor(array, requires_grad):
         tensor = to_framework(array)
