@@ -29,6 +29,8 @@ class TensorPair:
     stats: ElementStats | None = None  # None when values could not be paired element by element
     findings: list[str] = field(default_factory=list)  # structural problems: missing, shape, dtype
     mismatches: MismatchMap | None = None  # where they differ, when they do
+    axes: list[str] | None = None  # names of the last two axes, where the op knows them
+    note: str | None = None  # e.g. the layout it is compared in
 
     @property
     def bitwise(self) -> bool:
@@ -120,6 +122,9 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
         expect = ExpectSpec(**a.meta["case"].get("expect", {}))
     names = list(a.tensors) + [n for n in b.tensors if n not in a.tensors]
     pairs = [pair_tensors(n, a.tensors.get(n), b.tensors.get(n), expect.for_tensor(n)) for n in names]
+    for pair in pairs:
+        pair.axes = a.meta.get("axes", {}).get(pair.name)
+        pair.note = a.meta.get("notes", {}).get(pair.name)
     return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), pairs, a.input_digests)
 
 

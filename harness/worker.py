@@ -20,7 +20,7 @@ from harness.case import Case
 from harness.digest import Digest
 from harness.dump import Dump
 from harness.inputs import read_inputs
-from harness.ops import NotAvailable
+from harness.ops import NotAvailable, family_for
 
 INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 
@@ -48,6 +48,8 @@ def run_job(job: dict) -> Path:
         "framework": side.framework,
         "impl": side.impl or "megatron",
         "mode": side.mode if side.framework == "megatron" else None,
+        "axes": family_for(case.op).tensor_axes(case),
+        "notes": family_for(case.op).tensor_notes(case),
     }
     arrays = read_inputs(Path(job["inputs"]))
     try:

@@ -13,7 +13,8 @@ def side_meta(side: str, framework: str, inputs: dict) -> dict:
     return {"case": CASE_JSON, "case_name": "known_diff", "side": side, "framework": framework,
             "impl": "fixture", "mode": None, "provenance": f"test fixture ({side})",
             "environment": {"python": "3.11", "device_name": "cpu", framework: "0.0"},
-            "inputs": {n: Digest.of(a).to_json() for n, a in inputs.items()}}
+            "inputs": {n: Digest.of(a).to_json() for n, a in inputs.items()},
+            "axes": {"out": ["token", "hidden"]}}
 
 
 def known_diff_dumps(rows: int = 64, cols: int = 128) -> tuple[Dump, Dump]:

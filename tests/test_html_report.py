@@ -61,6 +61,7 @@ def test_report_in_browser(browser, report):
     assert "[3, 5]" in section.find_element(By.CSS_SELECTOR, "table.worst tbody tr").text  # the 1-ULP element
     caption = section.find_element(By.CSS_SELECTOR, ".heatmap-caption").text
     assert caption.startswith("Where they differ:") and "up to 1." in caption
+    assert "rows: token, columns: hidden" in caption  # the op's axis names label the heatmap
     assert section.find_element(By.CSS_SELECTOR, "canvas.heatmap").size["width"] > 0
 
     browser.find_element(By.ID, "only-differing").click()

@@ -89,6 +89,7 @@ def test_linear_layout_adapter_and_small_m(write_case, tmp_path):
     assert list(tensors) == ["out", "grad.x", "grad.weight", "grad.bias"]
     # Paddle got W as [in, out]; its dW comes back in torch's [out, in] layout, same bits expected
     assert tensors["grad.weight"]["a"]["shape"] == tensors["grad.weight"]["b"]["shape"] == [48, 64]
+    assert tensors["grad.weight"]["note"].startswith("compared in torch's [out, in] layout")
     assert result["inputs"]["weight"]["shape"] == [48, 64]  # both sides consumed the same weight bits
     assert "ColumnParallelLinear" in result["sides"]["a"]["provenance"]
     assert all(t["a"]["dtype"] == "bfloat16" for t in tensors.values())

@@ -60,6 +60,14 @@ class OpFamily:
             if spec is not None and spec.dtype != case.inputs[dtype_of].dtype:
                 raise FieldProblem(("inputs", name, "dtype"), f"{name} must have {dtype_of}'s dtype {case.inputs[dtype_of].dtype}")
 
+    def tensor_axes(self, case: Case) -> dict[str, list[str]]:
+        """Names of a tensor's last two axes, where the op knows them (for heatmap labels)."""
+        return {}
+
+    def tensor_notes(self, case: Case) -> dict[str, str]:
+        """What a reader must know to read a tensor's comparison (e.g. its layout)."""
+        return {}
+
     def extra_outputs(self, case: Case) -> list[str]:
         """Forward outputs captured beside the differentiated ones (no upstream gradient)."""
         return []

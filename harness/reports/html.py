@@ -43,6 +43,7 @@ def _pair_view(pair: TensorPair, first_divergent: str | None) -> dict:
         "md5_a": pair.a.md5 if pair.a else "-", "md5_b": pair.b.md5 if pair.b else "-",
         "bitwise": pair.bitwise, "holds": pair.holds, "expectation": describe_expectation(pair.expectation),
         "findings": pair.findings, "first_divergent": pair.name == first_divergent, "stats": None,
+        "note": pair.note,
     }
     if stats is None:
         return view
@@ -65,8 +66,10 @@ def _pair_view(pair: TensorPair, first_divergent: str | None) -> dict:
     }
     if pair.mismatches is not None:
         m = pair.mismatches
+        rows, cols = pair.axes or ["leading dims flattened", "last dim"]
         view["heatmap"] = json.dumps({"rows": m.rows, "cols": m.cols, "rowStep": m.row_step, "colStep": m.col_step,
-                                      "counts": m.counts, "maxUlp": m.max_ulp}, separators=(",", ":"))
+                                      "rowLabel": rows, "colLabel": cols, "counts": m.counts, "maxUlp": m.max_ulp},
+                                     separators=(",", ":"))
     return view
 
 

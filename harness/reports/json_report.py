@@ -24,6 +24,8 @@ def _pair(pair: TensorPair) -> dict:
         "a": pair.a and pair.a.to_json(),
         "b": pair.b and pair.b.to_json(),
         "findings": pair.findings,
+        "note": pair.note,
+        "axes": pair.axes,
         "stats": stats,
     }
 

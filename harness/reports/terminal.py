@@ -63,7 +63,9 @@ def print_comparison(comparison: CaseComparison, console: Console) -> None:
                           highlight=False, markup=False)
     for pair in comparison.pairs:
         if pair.findings:
-            console.print(f"  * {pair.name}: " + "; ".join(pair.findings))
+            console.print(f"  * {pair.name}: " + "; ".join(pair.findings), highlight=False, markup=False)
+        if pair.note:
+            console.print(f"  note: {pair.name} {pair.note}", highlight=False, markup=False)
     console.print(verdict_line(comparison))
 
 

@@ -30,6 +30,12 @@ class LinearFamily(OpFamily):
     working_inputs = ("x", "weight", "bias", "grad_out")
     transposed = {"paddle": ("weight",)}
 
+    def tensor_axes(self, case: Case) -> dict[str, list[str]]:
+        return {"out": ["row", "out feature"], "grad.x": ["row", "in feature"], "grad.weight": ["out feature", "in feature"]}
+
+    def tensor_notes(self, case: Case) -> dict[str, str]:
+        return {"grad.weight": "compared in torch's [out, in] layout: the Paddle side's [in, out] gradient is transposed back"}
+
     def forward_inputs(self, case: Case) -> list[str]:
         return ["x", "weight"] + (["bias"] if self.options(case).bias else [])
 

@@ -53,6 +53,11 @@ class MoeCombineFamily(OpFamily):
     def extra_outputs(self, case: Case) -> list[str]:
         return ["routing.probs", "routing.map"] if self.options(case).routing == "router" else []
 
+    def tensor_axes(self, case: Case) -> dict[str, list[str]]:
+        by_expert = ["token", "expert"]
+        return {"out": ["token", "hidden"], "grad.expert_out": ["permuted row (expert-major)", "hidden"],
+                "grad.probs": by_expert, "grad.logits": by_expert, "routing.probs": by_expert, "routing.map": by_expert}
+
     def grad_inputs(self, case: Case) -> list[str]:
         options = self.options(case)
         names = ["expert_out"]

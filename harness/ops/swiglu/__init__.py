@@ -50,6 +50,9 @@ class SwigluFamily(OpFamily):
     signature = ("x", "bias", "probs")
     working_inputs = ("x", "bias", "grad_out")
 
+    def tensor_axes(self, case: Case) -> dict[str, list[str]]:
+        return {"out": ["token", "hidden"], "grad.x": ["token", "gate | linear half"], "grad.probs": ["token", "-"]}
+
     def forward_inputs(self, case: Case) -> list[str]:
         options = self.options(case)
         return ["x"] + (["bias"] if options.bias else []) + (["probs"] if options.weighted else [])
