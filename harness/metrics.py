@@ -18,6 +18,7 @@ from harness.dtypes import FLOAT_DTYPES, FloatLayout, dtype_name, unsigned_view
 
 ULP_BUCKETS = ("0", "1", "2-3", "4-15", ">=16")
 CHUNK_ELEMENTS = 1 << 20
+_EDGES = (1, 2, 4, 16)  # lower edges of the ULP histogram buckets after "0"
 WORST_K = 16
 
 
@@ -79,13 +80,24 @@ def _top_worst(items: list[WorstElement]) -> list[WorstElement]:
     return sorted(items, key=key)[:WORST_K]
 
 
-def _largest_first_occurrences(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest values, ties broken by position (deterministic across chunkings)."""
+def _largest_first_occurrences(values: np.ndarray, k: int, at_least: dict[int, int]) -> np.ndarray:
+    """Positions of the k largest values, ties broken by position (deterministic across chunkings).
+
+    `at_least` maps thresholds to how many values reach them: the selection runs on the smallest
+    subset known to hold k values, which is what keeps a chunk where everything differs cheap.
+    """
     if values.size <= k:
         return np.arange(values.size)
-    threshold = np.partition(values, values.size - k)[values.size - k]
-    above = np.flatnonzero(values > threshold)
-    return np.concatenate([above, np.flatnonzero(values == threshold)[: k - above.size]])
+    top = int(values.max())
+    at_top = np.flatnonzero(values == top)
+    if at_top.size >= k:
+        return at_top[:k]
+    edge = max((e for e, n in at_least.items() if n >= k and e <= top), default=0)
+    subset = np.flatnonzero(values >= edge) if edge else np.arange(values.size)
+    chosen = values[subset]
+    threshold = np.partition(chosen, chosen.size - k)[chosen.size - k]
+    above = np.flatnonzero(chosen > threshold)
+    return subset[np.concatenate([above, np.flatnonzero(chosen == threshold)[: k - above.size]])]
 
 
 def _ulp_bits(ua: np.ndarray, ub: np.ndarray, layout: FloatLayout) -> np.ndarray:
@@ -135,17 +147,19 @@ def _float_chunk_stats(ua: np.ndarray, ub: np.ndarray, offset: int, layout: Floa
         da, db, where = da[finite], db[finite], where[finite]
 
     ulp = _ulp_bits(da, db, layout)
-    at_least = [int(np.count_nonzero(ulp >= edge)) for edge in (1, 2, 4, 16)]
+    at_least = [int(np.count_nonzero(ulp >= edge)) for edge in _EDGES]
     counts = [ua.size - at_least[0] - stats.nan_mismatch - stats.inf_mismatch,
               at_least[0] - at_least[1], at_least[1] - at_least[2], at_least[2] - at_least[3], at_least[3]]
     stats.ulp_histogram = dict(zip(ULP_BUCKETS, counts))
     if ulp.size:
         arg = int(np.argmax(ulp))
         stats.max_ulp, stats.max_ulp_flat_index = int(ulp[arg]), int(offset + where[arg])
-        top = _largest_first_occurrences(ulp, WORST_K)
+        top = _largest_first_occurrences(ulp, WORST_K, dict(zip(_EDGES, at_least)))
         worst += [WorstElement(int(offset + where[i]), int(ulp[i]), int(da[i]), int(db[i])) for i in top]
-        va = da.view(dtype).astype(np.float64)
-        abs_err = np.abs(va - db.view(dtype).astype(np.float64))
+        # 16-bit floats: fp32 holds their values and (to 2**-24) their differences; wider ones: fp64
+        wide = np.float32 if dtype.itemsize == 2 else np.float64
+        va = da.view(dtype).astype(wide)
+        abs_err = np.abs(va - db.view(dtype).astype(wide))
         arg = int(np.argmax(abs_err))
         stats.max_abs, stats.max_abs_flat_index = float(abs_err[arg]), int(offset + where[arg])
         with np.errstate(divide="ignore", invalid="ignore"):

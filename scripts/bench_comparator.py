@@ -52,20 +52,21 @@ def main() -> None:
                                    ("fp32, 1% differ by 1-3 ULP", np.float32, 1e-2),
                                    ("bf16, 1% differ by 1-3 ULP", ml_dtypes.bfloat16, 1e-2),
                                    ("fp32, all differ by 1-3 ULP", np.float32, 1.0)]:
-        a, b = make_pair(dtype, nbytes, fraction, rng)
-        total = a.nbytes + b.nbytes
-        uint = np.uint16 if a.itemsize == 2 else np.uint32
-        t_full = best_time(lambda: element_stats(a, b), args.repeat)
-        t_equal = best_time(lambda: np.array_equal(a.view(uint), b.view(uint)), args.repeat)
-        if dtype is np.float32:
-            t_ulp = best_time(lambda: assert_array_max_ulp(a, b, maxulp=10), 1)
-            ulp_text, ratio = f"{total / t_ulp / 1e9:12.2f}", f"{t_ulp / t_full:9.1f}x"
-        else:  # numpy's ULP functions do not take bf16
-            ulp_text, ratio = f"{'n/a':>12s}", f"{'-':>10s}"
-        print(f"{label:42s} {total / t_full / 1e9:13.2f}    {total / t_equal / 1e9:12.2f}   {ulp_text}   {ratio} "
-              f"{t_full / t_equal:7.1f}x slower")
-        del a, b
+        print(measure(label, *make_pair(dtype, nbytes, fraction, rng), args.repeat))
 
+
+def measure(label: str, a: np.ndarray, b: np.ndarray, repeat: int) -> str:
+    total = a.nbytes + b.nbytes
+    uint = np.uint16 if a.itemsize == 2 else np.uint32
+    t_full = best_time(lambda: element_stats(a, b), repeat)
+    t_equal = best_time(lambda: np.array_equal(a.view(uint), b.view(uint)), repeat)
+    if a.dtype == np.float32:
+        t_ulp = best_time(lambda: assert_array_max_ulp(a, b, maxulp=10), 1)
+        ulp_text, ratio = f"{total / t_ulp / 1e9:12.2f}", f"{t_ulp / t_full:9.1f}x"
+    else:  # numpy's ULP functions do not take bf16
+        ulp_text, ratio = f"{'n/a':>12s}", f"{'-':>10s}"
+    return (f"{label:42s} {total / t_full / 1e9:13.2f}    {total / t_equal / 1e9:12.2f}   {ulp_text}   {ratio} "
+            f"{t_full / t_equal:7.1f}x slower")
 
 if __name__ == "__main__":
     main()

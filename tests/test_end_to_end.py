@@ -3,7 +3,6 @@
 import hashlib
 import json
 
-import pytest
 import torch
 from safetensors.torch import load_file
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from harness.case import Case, FieldProblem
@@ -40,7 +41,7 @@ class OpFamily:
     def validate_inputs(self, case: Case) -> None:
         raise NotImplementedError
 
-    def generate_input(self, name: str, case: Case, rng) -> "np.ndarray | None":
+    def generate_input(self, name: str, case: Case, rng) -> np.ndarray | None:
         """Inputs the family makes itself (e.g. a routing map); None: the generic generator."""
         return None
 

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from harness.case import Case
-from harness.digest import Digest
 from harness.sides.common import SideOutput, base_environment, run_family
 
 
