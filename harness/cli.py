@@ -96,20 +96,28 @@ def _write_outputs(args, comparisons, console: Console) -> None:
     console.print(f"HTML report: {write_reports(comparisons, args.html)}", highlight=False)
 
 
-def cmd_run(args, console: Console) -> int:
-    cases = _load_all(args.cases)
-    comparisons, crashed = [], []
+def _run_each(cases, console: Console, crashed: list[str], repeat: int, dump_dirs=lambda case: None):
+    """Run the cases one by one, yielding each run; a crashed side is printed and noted in `crashed`."""
     for case in cases:
         try:
-            with console.status(f"running {case.name} ..."):
-                run = run_case(case, _dump_dirs(case, args, len(cases) > 1), repeat=args.repeat)
+            with console.status(f"running {escape(case.name)} ..."):
+                run = run_case(case, dump_dirs(case), repeat=repeat)
         except SideFailed as error:
             console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(error))}", highlight=False)
             crashed.append(case.name)
             continue
+        yield run
+
+
+def cmd_run(args, console: Console) -> int:
+    cases = _load_all(args.cases)
+    comparisons, crashed = [], []
+    dump_dirs = lambda case: _dump_dirs(case, args, len(cases) > 1)  # noqa: E731
+    for run in _run_each(cases, console, crashed, args.repeat, dump_dirs):
         if run.comparison is None:
-            for side, dump in run.dumps.items():
-                console.print(f"{escape(case.name)}: side {side} dumped {len(dump.tensors)} tensors to {args.dump}")
+            for side, path in dump_dirs(run.case).items():
+                console.print(f"{escape(run.case_id)}: side {side} dumped {len(run.dumps[side].tensors)} tensors to {path}",
+                              highlight=False)
             continue
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
@@ -128,14 +136,7 @@ def cmd_gate(args, console: Console) -> int:
         raise UsageError("--repeat must be >= 1")
     cases = _load_all(args.cases)
     comparisons, crashed, failed, gate_passed = [], [], [], {}
-    for case in cases:
-        try:
-            with console.status(f"running {case.name} ..."):
-                run = run_case(case, repeat=args.repeat)
-        except SideFailed as error:
-            console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(error))}", highlight=False)
-            crashed.append(case.name)
-            continue
+    for run in _run_each(cases, console, crashed, args.repeat):
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
         golden = Golden.read(args.baseline, run.case_id)
@@ -146,9 +147,9 @@ def cmd_gate(args, console: Console) -> int:
             console.print(f"golden {run.case_id}: {describe_update(golden, new)}", highlight=False, markup=False)
             result = check(run, Golden.read(args.baseline, run.case_id))
         print_gate_result(result, console)
-        gate_passed[case.name] = result.passed
+        gate_passed[run.case_id] = result.passed
         if not result.passed:
-            failed.append(case.name)
+            failed.append(run.case_id)
     _print_sweep_summaries(cases, gate_passed, console)
     _write_outputs(args, comparisons, console)
     console.print(f"gate: {len(cases) - len(failed) - len(crashed)} passed, {len(failed)} failed"
@@ -172,9 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     except (CaseError, DumpError, InputMismatch, UsageError) as error:
         print(f"xfalign: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except SideFailed as error:
-        print(f"xfalign: side crashed: {error}", file=sys.stderr)
-        return EXIT_SIDE_CRASHED
 
 
 if __name__ == "__main__":
