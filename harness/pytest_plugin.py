@@ -62,6 +62,8 @@ class CaseItem(pytest.Item):
 
     def runtest(self):
         config = self.config
+        if any(self.case.device_of(side) == "cuda" for side in self.case.sides) and not Path("/dev/nvidia0").exists():
+            pytest.skip("a side of this case runs on cuda and this machine has no NVIDIA GPU")
         try:
             run = run_case(self.case, repeat=config.getoption("xfalign_repeat"))
         except SideFailed as error:

@@ -26,3 +26,10 @@ def test_bad_case_is_a_collection_error_with_file_line_field(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     assert "bad.yaml:10: sides.paddle.impl: unknown paddle implementation 'nope'" in result.stdout.str()
+
+
+def test_cuda_case_is_skipped_without_gpu(pytester):
+    pytester.makefile(".yaml", gpu=REPORT_ONLY.replace("mode: compile}", "mode: compile, device: cuda}"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    assert "no NVIDIA GPU" in result.stdout.str()
