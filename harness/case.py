@@ -217,15 +217,32 @@ def expand_sweep(data: dict) -> list[dict]:
         if not isinstance(values, list) or not values:
             raise FieldProblem(("sweep", label), "a sweep label takes a non-empty list of values")
     working = family_for(str(data.get("op"))).working_inputs
+    expect = data.get("expect") if isinstance(data.get("expect"), dict) else {}
+    per_point = expect.pop("points", None) or {}
     points = []
     for values in itertools.product(*sweep.values()):
         point = copy.deepcopy(data)
         for label, value in zip(sweep, values):
             _apply(point, label, value, working)
-        point["name"] = f"{data['name']}[{','.join(f'{l}={_short(v)}' for l, v in zip(sweep, values))}]"
+        point_id = ",".join(f"{label}={_short(value)}" for label, value in zip(sweep, values))
+        point["name"] = f"{data['name']}[{point_id}]"
         point["sweep_of"] = data["name"]
+        if point_id in per_point:
+            point["expect"] = _merge_expect(expect, per_point[point_id], point_id)
         points.append(point)
+    unknown = sorted(set(per_point) - {p["name"][len(data["name"]) + 1:-1] for p in points})
+    if unknown:
+        raise FieldProblem(("expect", "points", unknown[0]), f"no sweep point {unknown[0]!r} in this sweep")
     return points
+
+
+def _merge_expect(base: dict, override: Any, point_id: str) -> dict:
+    """A point's expectations: its own `all` and `tensors` over the sweep's."""
+    if not isinstance(override, dict):
+        raise FieldProblem(("expect", "points", point_id), "a point's expectations are a mapping (all, tensors)")
+    merged = {**base, **{k: v for k, v in override.items() if k != "tensors"}}
+    merged["tensors"] = {**(base.get("tensors") or {}), **(override.get("tensors") or {})}
+    return merged
 
 
 def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None) -> list[Case]:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harness.case import CaseError, load_cases
+from harness.case import CaseError, MaxUlp, load_cases
 from harness.cli import main
 
 MOE = """\
@@ -128,3 +128,17 @@ def test_sweep_point_error_names_the_point(write_case):
     with pytest.raises(CaseError) as info:
         load_cases(path)
     assert "options.topk: topk 9 is more than" in str(info.value) and "(in sweep point case[topk=9])" in str(info.value)
+
+
+def test_per_point_expectations(write_case):
+    points_yaml = ("sweep:\n  rows: [7, 64]\nexpect:\n  all: bitwise\n  tensors: {grad.bias: report}\n"
+                   "  points:\n    rows=64: {tensors: {out: {max_ulp: 2}}}\n")
+    cases = load_cases(write_case(LINEAR.replace("expect:\n  all: report\n", points_yaml)))
+    assert [c.expect.for_tensor("out") for c in cases] == ["bitwise", MaxUlp(max_ulp=2)]
+    assert [c.expect.for_tensor("grad.bias") for c in cases] == ["report", "report"]
+    text = LINEAR.replace("expect:\n  all: report\n", points_yaml.replace("rows=64:", "rows=65:"))
+    bad = write_case(text, "bad.yaml")
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "rows=65:" in row)
+    with pytest.raises(CaseError) as info:
+        load_cases(bad)
+    assert str(info.value) == f"{bad}:{line}: expect.points.rows=65: no sweep point 'rows=65' in this sweep"
