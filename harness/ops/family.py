@@ -12,8 +12,8 @@ from harness.dtypes import FLOAT_DTYPES
 class OpFamily:
     name: str
     paddle_variants: tuple[str, ...]
-    megatron_variants: tuple[str, ...]
-    upstream: dict[str, str]  # output name -> input holding its upstream gradient
+    megatron_variants: tuple[str, ...] = ("megatron",)
+    upstream: dict[str, str] = {"out": "grad_out"}  # output name -> input holding its upstream gradient
     signature: tuple[str, ...]  # implementation's tensor parameters, in order (absent ones get None)
     working_inputs: tuple[str, ...]  # inputs in the working dtype (what a `dtype` sweep sets)
     # Layout adapter: inputs a framework takes transposed (same bits, last two dims swapped). Their

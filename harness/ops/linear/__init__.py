@@ -24,8 +24,6 @@ class LinearFamily(OpFamily):
     name = "linear"
     options_model = LinearOptions
     paddle_variants = ("matmul_add", "functional_linear", "fused_linear")
-    megatron_variants = ("megatron",)
-    upstream = {"out": "grad_out"}
     signature = ("x", "weight", "bias")
     working_inputs = ("x", "weight", "bias", "grad_out")
     transposed = {"paddle": ("weight",)}

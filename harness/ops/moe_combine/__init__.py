@@ -39,8 +39,6 @@ class MoeCombineFamily(OpFamily):
     name = "moe_combine"
     options_model = MoeCombineOptions
     paddle_variants = ("default", "fp32_accumulate", "gather_sum")
-    megatron_variants = ("megatron",)
-    upstream = {"out": "grad_out"}
     signature = ("expert_out", "probs", "routing_map", "logits")
     working_inputs = ("expert_out", "grad_out")
 

@@ -45,8 +45,6 @@ class SwigluFamily(OpFamily):
     name = "swiglu"
     options_model = SwigluOptions
     paddle_variants = ("fp32_island", "per_op_rounding", "fleet_cpu_fallback")
-    megatron_variants = ("megatron",)
-    upstream = {"out": "grad_out"}
     signature = ("x", "bias", "probs")
     working_inputs = ("x", "bias", "grad_out")
 
