@@ -52,5 +52,4 @@ class FloatLayout:
         self.sign_mask = self.uint(1 << (bits - 1))
         self.magnitude_mask = self.uint((1 << (bits - 1)) - 1)
         self.exponent_mask = self.uint(((1 << (bits - 1)) - 1) ^ ((1 << self.mantissa_bits) - 1))
-        self.mantissa_mask = self.uint((1 << self.mantissa_bits) - 1)
         self.inf_bits = self.exponent_mask

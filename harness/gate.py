@@ -141,7 +141,7 @@ def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden:
         return f"{where}: {'new tensor, not in the golden' if old is None else 'in the golden, not produced now'}"
     if golden.arrays is None or where not in golden.arrays:
         return f"{where}: digest {old.md5[:8]} → {new.md5[:8]} (the golden holds no values to measure ULP)"
-    pair = pair_tensors(where, golden.arrays[where], run.dumps[side].tensors[name], "bitwise")
+    pair = pair_tensors(where, golden.arrays[where], run.dumps[side].tensors[name], "bitwise", (old, new))
     return f"{where}: drifted from the golden: {difference_text(pair)}"
 
 
