@@ -101,6 +101,7 @@ class Case(Strict):
     op: str
     options: dict[str, Any] = {}
     device: Literal["cpu", "cuda"] = "cpu"
+    numerics: str | None = None  # a profile in configs/numerics/ (default portable-avx2) or a path to one
     seed: int = 0
     inputs: dict[str, InputSpec]
     sides: dict[str, SideSpec]
@@ -261,6 +262,7 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
             _resolve_shapes(point)
             case = Case(**point, source=source)
             family_for(case.op).validate(case)
+            _check_numerics(case)
             cases.append(case)
     except ValidationError as error:
         # In a union, the member that got deepest into the value explains the problem best.
@@ -274,6 +276,15 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
         line, field = _locate(lines, problem.path)
         raise CaseError(f"{source}:{line}: {field}: {problem.message}{_in_point(point)}") from None
     return cases
+
+
+def _check_numerics(case: Case) -> None:
+    from harness.numerics import ProfileError, load_profile
+
+    try:
+        load_profile(case.numerics, case.source)
+    except ProfileError as error:
+        raise FieldProblem(("numerics",), str(error)) from None
 
 
 def _in_point(point: dict | None) -> str:

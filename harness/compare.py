@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.case import Expectation, ExpectSpec, describe_expectation
+from harness.case import Expectation, ExpectSpec
 from harness.digest import Digest
+from harness.dtypes import FLOAT_DTYPES
 from harness.dump import Dump
-from harness.locate import MismatchMap, mismatch_map
-from harness.metrics import ElementStats, element_stats
+from harness.locate import MismatchMap
+from harness.metrics import ElementStats, element_stats_and_map
+from harness.reports.text import difference_text, failure_text  # noqa: F401  (their home; kept importable here)
 
 
 class InputMismatch(Exception):
@@ -42,10 +44,25 @@ class TensorPair:
         return self.stats is not None and self.a.dtype == self.b.dtype
 
     @property
+    def exact(self) -> bool:
+        """Integer or bool values: equal or not, no ULP distance."""
+        return self.comparable and self.a.dtype not in FLOAT_DTYPES
+
+    @property
+    def measured(self) -> bool:
+        """Whether max ULP/abs/rel mean something: a float pair whose differences are not all NaN/Inf
+        class mismatches (those have no distance; they are counted apart)."""
+        if self.stats is None or self.exact:
+            return False
+        s = self.stats
+        classes = s.nan_mismatch + s.inf_mismatch
+        return classes == 0 or s.differing - classes - s.signed_zero_only - s.nan_payload_only > 0
+
+    @property
     def holds(self) -> bool:
         if self.expectation == "report":
             return True
-        if self.expectation == "bitwise":
+        if self.expectation == "bitwise" or self.exact:  # max_ulp on integers and bools is equality
             return self.bitwise
         return (self.comparable and not self.findings and self.stats.nan_mismatch == 0
                 and self.stats.inf_mismatch == 0 and self.stats.max_ulp <= self.expectation.max_ulp)
@@ -78,8 +95,16 @@ class CaseComparison:
     unavailable: str | None = None  # a side could not run here: nothing was compared
 
     @property
+    def status(self) -> str:
+        """The verdict every reporter shows: "pass", "fail" or "n/a" (a side could not run here)."""
+        if self.unavailable:
+            return "n/a"
+        return "pass" if all(pair.holds for pair in self.pairs) else "fail"
+
+    @property
     def passed(self) -> bool:
-        return all(pair.holds for pair in self.pairs)
+        """Nothing fails: true for "pass" and for "n/a" (N/A does not fail a run). Reports use `status`."""
+        return self.status != "fail"
 
     @property
     def failing(self) -> list[TensorPair]:
@@ -107,9 +132,7 @@ def pair_tensors(name: str, a: np.ndarray | None, b: np.ndarray | None, expectat
         pair.findings.append(f"shape differs: {list(a.shape)} vs {list(b.shape)}"
                              + ("; values compared flattened" if a.size == b.size else ""))
     if a.dtype == b.dtype and a.size == b.size:
-        pair.stats = element_stats(a, b)
-        if pair.stats.differing:
-            pair.mismatches = mismatch_map(a, b, a.shape)
+        pair.stats, pair.mismatches = element_stats_and_map(a, b, a.shape)  # one pass: stats and where they differ
     return pair
 
 
@@ -133,24 +156,3 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
         pair.note = a.meta.get("notes", {}).get(pair.name)
     return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), pairs, a.input_digests)
 
-
-def difference_text(pair: TensorPair) -> str:
-    """How two tensors differ, in one line."""
-    if pair.findings:
-        return "; ".join(pair.findings)
-    s = pair.stats
-    where = f" (max at flat index {s.max_ulp_flat_index})" if s.max_ulp_flat_index is not None else ""
-    parts = [f"{s.differing:,} of {s.elements:,} elements differ", f"max {s.max_ulp} ULP{where}",
-             f"max abs {s.max_abs:.3g}"]
-    if s.nan_mismatch or s.inf_mismatch:
-        parts.append(f"{s.nan_mismatch} NaN and {s.inf_mismatch} Inf mismatches")
-    if s.signed_zero_only:
-        parts.append(f"{s.signed_zero_only} differ only in the sign of zero")
-    if s.nan_payload_only:
-        parts.append(f"{s.nan_payload_only} differ only in NaN payload")
-    return ", ".join(parts)
-
-
-def failure_text(pair: TensorPair) -> str:
-    """Why an expectation does not hold, in one line (built apart from the comparison)."""
-    return f"{pair.name}: expected {describe_expectation(pair.expectation)}, but {difference_text(pair)}"

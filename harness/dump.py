@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from harness.digest import Digest
+from harness.digest import Digest, digests_of, verify
 
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
@@ -21,6 +22,11 @@ META_FILE = "meta.json"
 
 class DumpError(Exception):
     """A dump directory that cannot be read."""
+
+
+class IntegrityError(DumpError):
+    """Stored tensors whose bytes, dtype or shape do not match the digests recorded with them: a
+    corrupt or edited dump (or golden)."""
 
 
 @dataclass
@@ -40,7 +46,7 @@ class Dump:
     def digests(self) -> dict[str, Digest]:
         """As recorded when the dump was written; a dump never written is hashed now."""
         if "tensors" not in self.meta:
-            return {name: Digest.of(array) for name, array in self.tensors.items()}
+            return digests_of(self.tensors)
         return {entry["name"]: Digest.from_json(entry) for entry in self.meta["tensors"]}
 
     @property
@@ -51,8 +57,9 @@ class Dump:
     def write(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
+        digests = digests_of(self.tensors)  # MD5 and XXH3, hashed in parallel threads
         meta = dict(self.meta, format=FORMAT,
-                    tensors=[{"name": name, **Digest.of(array).to_json()} for name, array in self.tensors.items()])
+                    tensors=[{"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors])
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
         try:
             save_file({name: np.ascontiguousarray(a) for name, a in self.tensors.items()}, staging / TENSORS_FILE)
@@ -74,8 +81,23 @@ class Dump:
         try:
             meta = json.loads((directory / META_FILE).read_text())
             arrays = load_file(directory / TENSORS_FILE)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, SafetensorError) as error:
             raise DumpError(f"{directory}: not a readable xfalign dump ({error})") from None
         if meta.get("format") != FORMAT:
             raise DumpError(f"{directory}: unknown dump format {meta.get('format')!r}")
-        return cls(meta, {entry["name"]: arrays[entry["name"]] for entry in meta["tensors"]})
+        try:
+            digests = {entry["name"]: Digest.from_json(entry) for entry in meta["tensors"]}
+        except (KeyError, TypeError, ValueError) as error:
+            raise DumpError(f"{directory}: not a readable xfalign dump (bad tensor entry in {META_FILE}: {error!r})") from None
+        for name in digests:
+            if name not in arrays:
+                raise DumpError(f"{directory}: tensor {name}: listed in {META_FILE} but not in {TENSORS_FILE}")
+        for name in arrays:
+            if name not in digests:
+                raise DumpError(f"{directory}: tensor {name}: in {TENSORS_FILE} but not listed in {META_FILE}")
+        tensors = {name: arrays[name] for name in digests}
+        # The digests shown and kept (MD5) must be digests of these bytes: check each tensor (by XXH3)
+        corrupt = verify(tensors, digests)
+        if corrupt:
+            raise IntegrityError(f"{directory}: tensor {corrupt[0]}: bytes do not match the recorded digest (corrupt or edited dump)")
+        return cls(meta, tensors)

@@ -18,11 +18,10 @@ from safetensors.numpy import load_file, save_file
 
 from harness.compare import difference_text, failure_text, pair_tensors
 from harness.digest import Digest
+from harness.fingerprint import differences
 from harness.files import write_text_atomic
 from harness.runner import CaseRun
 
-# Fingerprint fields: what changes numerics besides the code under test.
-FINGERPRINT = ("torch", "megatron_core", "paddle", "paddle_commit", "python", "device_name", "cuda", "flags")
 _DIGEST_LINE = re.compile(r"^(\w+) \[([\d, ]*)\] ([0-9a-f]{32})$")
 
 
@@ -42,17 +41,17 @@ def _parse_digest(text: str) -> Digest:
 class Golden:
     case: str
     inputs: dict[str, Digest]
-    environment: dict[str, dict]  # side -> fingerprint
+    environment: dict[str, dict]  # side -> fingerprint (every field that decides the side's bits)
     tensors: dict[str, dict[str, Digest]]  # side -> tensor -> digest
     arrays: dict[str, np.ndarray] | None = None  # "side/tensor" -> values, when stored
 
     @classmethod
     def from_run(cls, run: CaseRun) -> Golden:
-        env = {side: {k: dump.meta["environment"][k] for k in FINGERPRINT if dump.meta["environment"].get(k) is not None}
-               for side, dump in run.dumps.items()}
-        first = next(iter(run.dumps.values()))
+        env = {side: dict(dump.meta["environment"]) for side, dump in run.dumps.items()}
+        # every side's consumed inputs: one side that could not run must not switch the input check off
+        inputs = {name: digest for dump in run.dumps.values() for name, digest in dump.input_digests.items()}
         return cls(
-            run.case_id, first.input_digests, env,
+            run.case_id, inputs, env,
             {side: dump.digests for side, dump in run.dumps.items()},
             {f"{side}/{name}": array for side, dump in run.dumps.items() for name, array in dump.tensors.items()},
         )
@@ -89,13 +88,44 @@ class Golden:
         if not text_path.exists():
             return None
         data = yaml.safe_load(text_path.read_text())
-        return cls(
+        golden = cls(
             data["case"],
             {name: _parse_digest(text) for name, text in data["inputs"].items()},
             {side: entry["environment"] for side, entry in data["sides"].items()},
             {side: {name: _parse_digest(t) for name, t in entry["tensors"].items()} for side, entry in data["sides"].items()},
-            load_file(array_path) if array_path.exists() else None,
+            None,
         )
+        if array_path.exists():  # the values must be those the digests (MD5, as in the YAML) describe
+            from safetensors import SafetensorError
+
+            from harness.digest import verify
+            from harness.dump import IntegrityError
+            try:
+                golden.arrays = load_file(array_path)
+            except (OSError, ValueError, SafetensorError) as error:
+                raise IntegrityError(f"{array_path}: not a readable safetensors file ({error})") from None
+            digests = {f"{side}/{name}": d for side, tensors in golden.tensors.items() for name, d in tensors.items()}
+            unknown = [key for key in golden.arrays if key not in digests]
+            if unknown:
+                raise IntegrityError(f"{array_path}: tensor {unknown[0]}: not in {text_path.name} (corrupt or edited golden)")
+            corrupt = verify(golden.arrays, digests)
+            if corrupt:
+                raise IntegrityError(f"{array_path}: tensor {corrupt[0]}: bytes do not match the golden's digest "
+                                     "(corrupt or edited golden)")
+        return golden
+
+
+def baseline_dir(root: Path, environment_class: str) -> Path:
+    """Goldens of one environment class: `root` itself when it holds goldens, else root/<class>."""
+    return root if any(root.glob("*.golden.yaml")) else root / environment_class
+
+
+def missing_class_message(root: Path, environment_class: str, case_files: list[str]) -> str:
+    """One line for a machine whose class has no goldens: which class it is, how to create them."""
+    present = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    there = f" (classes there: {', '.join(present)})" if present else ""
+    return (f"this run's environment class is {environment_class}; {root} has no goldens for it{there}. "
+            f"Create them with: xfalign gate {' '.join(case_files)} --baseline {root} --update")
 
 
 @dataclass
@@ -124,13 +154,8 @@ class GateResult:
 
 
 def _environment_changes(golden: Golden, current: Golden) -> list[str]:
-    changes = []
-    for side, fingerprint in current.environment.items():
-        old = golden.environment.get(side, {})
-        for key in FINGERPRINT:
-            if old.get(key) != fingerprint.get(key):
-                changes.append(f"{side}: {key} {old.get(key)} → {fingerprint.get(key)}")
-    return changes
+    return [f"{side}: {change}" for side, fingerprint in current.environment.items()
+            for change in differences(golden.environment.get(side, {}), fingerprint)]
 
 
 def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden: Golden, run: CaseRun) -> str | None:

@@ -1,14 +1,13 @@
 """Where two tensors differ: a downsampled grid over the last two dimensions (leading dims flattened
-into rows), with the count of differing elements and the max ULP in each cell."""
+into rows), with the count of differing elements and the max ULP in each cell.
+
+The grid is filled during the comparison's one pass over the data (harness.metrics.element_stats_and_map),
+from the differing elements that pass finds anyway; this module holds its geometry and result.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
-
-from harness.dtypes import FLOAT_DTYPES, FloatLayout, dtype_name, unsigned_view
-from harness.metrics import _ulp_bits
 
 MAX_CELLS = 64  # per axis
 
@@ -23,21 +22,28 @@ class MismatchMap:
     max_ulp: list[list[int]]  # max finite ULP per cell (NaN/Inf mismatches count, with no ULP)
 
 
-def mismatch_map(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> MismatchMap:
-    cols = shape[-1] if len(shape) >= 2 else (shape[0] if shape else 1)
-    rows = int(np.prod(shape[:-1])) if len(shape) >= 2 else 1
-    row_step, col_step = -(-rows // MAX_CELLS), -(-cols // MAX_CELLS)
-    grid_rows, grid_cols = -(-rows // row_step), -(-cols // col_step)
-    ua, ub = unsigned_view(a).reshape(-1), unsigned_view(b).reshape(-1)
-    where = np.flatnonzero(ua != ub)
-    cell = (where // cols // row_step) * grid_cols + (where % cols) // col_step
-    counts = np.bincount(cell, minlength=grid_rows * grid_cols)
-    max_ulp = np.zeros(grid_rows * grid_cols, dtype=np.int64)
-    name = dtype_name(a.dtype)
-    if name in FLOAT_DTYPES and where.size:
-        layout = FloatLayout(name)
-        da, db = ua[where], ub[where]
-        finite = ((da & layout.magnitude_mask) < layout.inf_bits) & ((db & layout.magnitude_mask) < layout.inf_bits)
-        np.maximum.at(max_ulp, cell[finite], _ulp_bits(da[finite], db[finite], layout).astype(np.int64))
-    return MismatchMap(rows, cols, row_step, col_step,
-                       counts.reshape(grid_rows, grid_cols).tolist(), max_ulp.reshape(grid_rows, grid_cols).tolist())
+@dataclass(frozen=True)
+class Grid:
+    """A tensor of `shape` seen as [rows, cols], cut into at most MAX_CELLS x MAX_CELLS cells."""
+
+    rows: int
+    cols: int
+    row_step: int
+    col_step: int
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...]) -> Grid:
+        cols = shape[-1] if len(shape) >= 2 else (shape[0] if shape else 1)
+        rows = 1
+        for n in shape[:-1] if len(shape) >= 2 else ():
+            rows *= int(n)
+        cols = int(cols)
+        return cls(rows, cols, max(1, -(-rows // MAX_CELLS)), max(1, -(-cols // MAX_CELLS)))
+
+    @property
+    def grid_rows(self) -> int:
+        return -(-self.rows // self.row_step)
+
+    @property
+    def grid_cols(self) -> int:
+        return -(-self.cols // self.col_step)

@@ -14,8 +14,9 @@ import yaml
 from rich.console import Console
 
 from harness.case import CaseError, load_cases
-from harness.gate import Golden, check
+from harness.gate import Golden, baseline_dir, check
 from harness.reports.terminal import print_comparison, print_gate_result
+from harness.reports.text import status_label, verdict_text
 from harness.runner import SideFailed, run_case
 
 CASE_KEYS = {"op", "sides", "inputs"}
@@ -27,7 +28,8 @@ class CaseFailed(Exception):
 
 def pytest_addoption(parser):
     group = parser.getgroup("xfalign")
-    group.addoption("--xfalign-baseline", type=Path, help="check goldens in this folder too")
+    group.addoption("--xfalign-baseline", type=Path, help="check goldens in this folder (DIR/<environment class>/) too")
+    group.addoption("--xfalign-numerics", help="numerics profile for every case (default: the case's, else portable-avx2)")
     group.addoption("--xfalign-repeat", type=int, default=1, help="run each side N times (nondeterminism)")
 
 
@@ -65,16 +67,19 @@ class CaseItem(pytest.Item):
         if any(self.case.device_of(side) == "cuda" for side in self.case.sides) and not Path("/dev/nvidia0").exists():
             pytest.skip("a side of this case runs on cuda and this machine has no NVIDIA GPU")
         try:
-            run = run_case(self.case, repeat=config.getoption("xfalign_repeat"))
+            run = run_case(self.case, repeat=config.getoption("xfalign_repeat"),
+                           numerics=config.getoption("xfalign_numerics"))
         except SideFailed as error:
             raise CaseFailed(f"side crashed: {error}") from None
+        if run.comparison.status == "n/a":  # a side cannot run here: nothing to check, nothing failed
+            pytest.skip(f"{status_label('n/a')} {verdict_text(run.comparison)}")
         buffer = io.StringIO()
         console = Console(file=buffer, width=160, color_system=None)
         print_comparison(run.comparison, console)
         baseline = config.getoption("xfalign_baseline")
         passed = run.comparison.passed
         if baseline is not None:
-            result = check(run, Golden.read(baseline, run.case_id))
+            result = check(run, Golden.read(baseline_dir(baseline, run.environment_class), run.case_id))
             print_gate_result(result, console)
             passed = result.passed
         if not passed:

@@ -20,6 +20,7 @@ from harness.case import Case
 from harness.digest import Digest
 from harness.dump import Dump
 from harness.inputs import read_inputs
+from harness.numerics import NumericsProfile, apply_before_import
 from harness.ops import NotAvailable, family_for
 
 INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
@@ -38,6 +39,8 @@ def prepare_environment(framework: str, mode: str) -> None:
 def run_job(job: dict) -> Path:
     case = Case(**job["case"], source=job["source"])
     side = case.sides[job["side"]]
+    profile = NumericsProfile(**job["numerics"])
+    apply_before_import(profile)  # ISA and thread pins are read when the framework loads
     prepare_environment(side.framework, side.mode)
     runner = importlib.import_module(f"harness.sides.{side.framework}")
     meta = {
@@ -53,7 +56,7 @@ def run_job(job: dict) -> Path:
     }
     arrays = read_inputs(Path(job["inputs"]))
     try:
-        runs = [runner.run(case, job["side"], arrays) for _ in range(job.get("repeat", 1))]
+        runs = [runner.run(case, job["side"], arrays, profile) for _ in range(job.get("repeat", 1))]
     except NotAvailable as reason:
         meta |= {"provenance": "-", "environment": {}, "inputs": {}, "unavailable": str(reason)}
         return Dump(meta, {}).write(job["dump"])

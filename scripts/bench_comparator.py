@@ -1,32 +1,42 @@
-"""Comparator throughput on 2 x 256 MiB tensors, side by side with numpy's ULP assert and array_equal.
+"""Comparator throughput and peak memory, side by side with numpy's and torch's equality asserts.
 
     python3 scripts/bench_comparator.py [--mib 256] [--repeat 3]
 
-Throughput counts the bytes of both tensors. "full comparison" is harness.metrics.element_stats:
-bitwise and canonical equality, differing / signed-zero / NaN / Inf counts, ULP max + index +
-histogram, max abs and rel error, worst elements. (MD5 digests are taken once, when a side writes its
-dump, not per comparison.)
+Each pair is two tensors of --mib MiB (shape [-1, 4096]). "xfalign compare" is what `xfalign compare`
+does per tensor once a dump's file is loaded: the digest check of both arrays against the digests
+recorded when the dumps were written (XXH3-128, harness.digest.verify, as Dump.read runs it), then
+harness.compare.pair_tensors: bitwise and canonical equality, differing / signed-zero / NaN / Inf
+counts, ULP max + index + histogram, max abs and rel error, worst elements and the mismatch heatmap
+grid, in one pass over the data. The others: np.array_equal on integer views of the bits,
+numpy.testing.assert_array_max_ulp (no bf16) and torch.testing.assert_close(rtol=0, atol=0).
+
+Throughput counts the bytes of both tensors, best of --repeat (assert_array_max_ulp: one run). Every
+measurement runs in a process forked for it (torch's thread pool does not survive a fork, and the peak
+memory of one method must not hide in memory another left behind); peak memory is the rise of the
+resident set (VmHWM - VmRSS before) while the method runs, relative to the bytes of the pair.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
 
 import ml_dtypes
 import numpy as np
 from numpy.testing import assert_array_max_ulp
 
-from harness.metrics import element_stats
+from harness.compare import pair_tensors
+from harness.digest import digests_of, verify
 
-
-def best_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+PAIRS = [("fp32, 0.01% differ by 1-3 ULP", np.float32, 1e-4),
+         ("fp32, 1% differ by 1-3 ULP", np.float32, 1e-2),
+         ("bf16, 0.01% differ by 1-3 ULP", ml_dtypes.bfloat16, 1e-4),
+         ("bf16, 1% differ by 1-3 ULP", ml_dtypes.bfloat16, 1e-2),
+         ("fp32, all differ by 1-3 ULP", np.float32, 1.0),
+         ("bf16, all differ by 1-3 ULP", ml_dtypes.bfloat16, 1.0)]
+METHODS = ("xfalign compare", "np.array_equal", "assert_array_max_ulp", "torch assert_close")
 
 
 def make_pair(dtype, nbytes: int, fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -39,34 +49,122 @@ def make_pair(dtype, nbytes: int, fraction: float, rng) -> tuple[np.ndarray, np.
     return a, b
 
 
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(key))
+
+
+def _forked(task) -> dict:
+    """task() in a forked child: its result, as JSON through a pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            result = task()
+        except BaseException as error:  # noqa: BLE001 - reported by the parent
+            result = {"error": f"{type(error).__name__}: {error}"}
+        os.write(write, json.dumps(result).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def _measure(run, repeat: int) -> dict:
+    before = _status_kib("VmRSS:")
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return {"seconds": min(times), "peak_bytes": max(0, _status_kib("VmHWM:") - before) * 1024}
+
+
+def _method(name: str, a: np.ndarray, b: np.ndarray, digests: dict):
+    """The call to time, or None where the method does not take the dtype."""
+    if name == "xfalign compare":
+        def run():
+            assert not verify({"a": a, "b": b}, digests)  # as Dump.read checks each tensor
+            pair_tensors("t", a, b, "bitwise", (digests["a"], digests["b"]))
+        return run
+    if name == "np.array_equal":
+        uint = np.uint16 if a.itemsize == 2 else np.uint32
+        return lambda: np.array_equal(a.view(uint), b.view(uint))
+    if name == "assert_array_max_ulp":
+        if a.dtype != np.float32:
+            return None  # numpy's ULP functions do not take bf16
+        return lambda: assert_array_max_ulp(a, b, maxulp=10)
+    import torch  # imported in the child only
+
+    def as_torch(x: np.ndarray):
+        if x.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
+        return torch.from_numpy(x)
+
+    ta, tb = as_torch(a), as_torch(b)
+
+    def run():
+        try:
+            torch.testing.assert_close(ta, tb, rtol=0, atol=0)
+        except AssertionError:
+            pass  # it differs: the report (and the time to make it) is part of the call
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--mib", type=int, default=256, help="MiB per tensor")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     nbytes = args.mib << 20
-    print(f"2 x {args.mib} MiB per pair; best of {args.repeat}; GB/s over both tensors")
-    print(f"{'pair':42s} {'full comparison':>16s} {'np.array_equal':>15s} {'assert_max_ulp':>15s} {'vs max_ulp':>11s} {'vs equal':>9s}")
-    for label, dtype, fraction in [("fp32, 0.01% differ by 1-3 ULP", np.float32, 1e-4),
-                                   ("fp32, 1% differ by 1-3 ULP", np.float32, 1e-2),
-                                   ("bf16, 1% differ by 1-3 ULP", ml_dtypes.bfloat16, 1e-2),
-                                   ("fp32, all differ by 1-3 ULP", np.float32, 1.0)]:
-        print(measure(label, *make_pair(dtype, nbytes, fraction, rng), args.repeat))
+    load = os.getloadavg()[0]
+    print(f"2 x {args.mib} MiB per pair, shape [-1, 4096]; {os.cpu_count()} CPUs, load average {load:.2f} at start; "
+          f"best of {args.repeat} (assert_array_max_ulp: 1 run)")
+    print("xfalign compare = XXH3 check of both arrays against their recorded digests + pair_tensors "
+          "(all metrics and the heatmap, one pass)")
+    rows = []
+    for label, dtype, fraction in PAIRS:
+        a, b = make_pair(dtype, nbytes, fraction, rng)
+        a, b = a.reshape(-1, 4096), b.reshape(-1, 4096)
+        digests = digests_of({"a": a, "b": b})  # recorded when the dumps are written; not timed
+        results = {}
+        for name in METHODS:
+            run = _method(name, a, b, digests)
+            repeat = 1 if name == "assert_array_max_ulp" else args.repeat
+            results[name] = None if run is None else _forked(lambda: _measure(run, repeat))
+        rows.append((label, a.nbytes + b.nbytes, results))
+        del a, b
+    print()
+    print("Throughput, GB/s over both tensors (higher is better)")
+    print(f"{'pair':32s}" + "".join(f"{name:>22s}" for name in METHODS))
+    for label, total, results in rows:
+        cells = [_cell(r, lambda r: f"{total / r['seconds'] / 1e9:.2f}") for r in results.values()]
+        print(f"{label:32s}" + "".join(f"{c:>22s}" for c in cells))
+    print()
+    print(f"Peak memory while running: resident-set rise, MiB (% of the pair's {2 * args.mib} MiB)")
+    print(f"{'pair':32s}" + "".join(f"{name:>22s}" for name in METHODS))
+    for label, total, results in rows:
+        cells = [_cell(r, lambda r: f"{r['peak_bytes'] / 2**20:.0f} ({100 * r['peak_bytes'] / total:.0f}%)")
+                 for r in results.values()]
+        print(f"{label:32s}" + "".join(f"{c:>22s}" for c in cells))
+    for label, _, results in rows:
+        for name, result in results.items():
+            if result is not None and "error" in result:
+                print(f"{label}, {name}: {result['error']}")
+    print(f"\nload average {os.getloadavg()[0]:.2f} at the end (other processes share these CPUs)")
 
 
-def measure(label: str, a: np.ndarray, b: np.ndarray, repeat: int) -> str:
-    total = a.nbytes + b.nbytes
-    uint = np.uint16 if a.itemsize == 2 else np.uint32
-    t_full = best_time(lambda: element_stats(a, b), repeat)
-    t_equal = best_time(lambda: np.array_equal(a.view(uint), b.view(uint)), repeat)
-    if a.dtype == np.float32:
-        t_ulp = best_time(lambda: assert_array_max_ulp(a, b, maxulp=10), 1)
-        ulp_text, ratio = f"{total / t_ulp / 1e9:12.2f}", f"{t_ulp / t_full:9.1f}x"
-    else:  # numpy's ULP functions do not take bf16
-        ulp_text, ratio = f"{'n/a':>12s}", f"{'-':>10s}"
-    return (f"{label:42s} {total / t_full / 1e9:13.2f}    {total / t_equal / 1e9:12.2f}   {ulp_text}   {ratio} "
-            f"{t_full / t_equal:7.1f}x slower")
+def _cell(result: dict | None, text) -> str:
+    if result is None:
+        return "n/a"
+    if "error" in result:
+        return "error"
+    return text(result)
+
 
 if __name__ == "__main__":
     main()

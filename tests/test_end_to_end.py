@@ -15,7 +15,9 @@ from conftest import CASE
 def run_json(args, tmp_path):
     out = tmp_path / "result.json"
     code = main(args + ["--json", str(out), "--html", str(tmp_path / "html")])
-    return code, json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    assert report["format"] == "xfalign-report/1"
+    return code, report["cases"][0]
 
 
 def test_weighted_swiglu_both_sides(write_case, tmp_path, capsys):
@@ -23,7 +25,7 @@ def test_weighted_swiglu_both_sides(write_case, tmp_path, capsys):
     code, result = run_json(["run", str(path), "--dump", str(tmp_path / "dumps")], tmp_path)
     assert code == 0
     assert [t["name"] for t in result["tensors"]] == ["out", "grad.x", "grad.probs"]
-    assert result["sides"]["a"]["provenance"].endswith("fused_bias_swiglu.weighted_bias_swiglu_impl")
+    assert result["sides"]["a"]["provenance"].startswith("megatron-core: megatron.core.fusions.fused_bias_swiglu.weighted_bias_swiglu_impl")
     assert result["sides"]["a"]["environment"]["megatron_core"] == "0.16.1"
     assert result["sides"]["b"]["environment"]["paddle"] == "3.3.1"
     grad_probs = result["tensors"][2]

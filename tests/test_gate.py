@@ -83,7 +83,7 @@ def test_nan_payload_only_drift():
     a = np.array([1.0, np.nan], dtype=np.float32)
     b = a.copy()
     b.view(np.uint32)[1] = 0x7FC00001
-    assert difference_text(pair_tensors("t", a, b, "bitwise")).endswith("1 differ only in NaN payload")
+    assert "1 differ only in NaN payload (first at flat index 1)" in difference_text(pair_tensors("t", a, b, "bitwise"))
 
 
 def test_environment_change_is_reported_beside_drift(recorded):
@@ -103,11 +103,12 @@ def test_input_digest_change_fails(recorded):
 
 def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsys):
     path = write_case(REPORT_ONLY, "small.yaml")
-    baseline = tmp_path / "baseline"
-    assert main(["gate", str(path), "--baseline", str(baseline)]) == 1  # no golden yet
-    assert "no golden yet" in capsys.readouterr().out
-    assert main(["gate", str(path), "--baseline", str(baseline), "--update"]) == 0
+    root = tmp_path / "baseline"
+    assert main(["gate", str(path), "--baseline", str(root)]) == 2  # no goldens for this class yet
+    assert f"this run's environment class is cpu-avx2; {root} has no goldens for it" in capsys.readouterr().err
+    assert main(["gate", str(path), "--baseline", str(root), "--update"]) == 0
     assert "golden small: created" in capsys.readouterr().out
+    baseline = root / "cpu-avx2"  # the default profile's class
     first = {p.name: p.read_bytes() for p in baseline.iterdir()}
     assert set(first) == {"small.golden.yaml", "small.golden.safetensors"}
     text = first["small.golden.yaml"].decode()
@@ -115,14 +116,14 @@ def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsy
 
     golden = mutate(baseline, "paddle/grad.x", flip_bit)
     golden.write(baseline)
-    assert main(["gate", str(path), "--baseline", str(baseline)]) == 1
+    assert main(["gate", str(path), "--baseline", str(root)]) == 1
     out = capsys.readouterr().out
     assert "[drift] paddle/grad.x: drifted from the golden: 1 of 32,768 elements differ, max 1 ULP" in out
     assert "environment fingerprint unchanged since the golden" in out
-    assert main(["gate", str(path), "--baseline", str(baseline), "--update", "--only-failing"]) == 0
+    assert main(["gate", str(path), "--baseline", str(root), "--update", "--only-failing"]) == 0
     assert "golden small: updated: paddle/grad.x" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in baseline.iterdir()} == first  # same bits as the first update
-    assert main(["gate", str(path), "--baseline", str(baseline), "--update", "--only-failing"]) == 0
+    assert main(["gate", str(path), "--baseline", str(root), "--update", "--only-failing"]) == 0
     assert "golden small" not in capsys.readouterr().out  # nothing failing, nothing rewritten
 
 

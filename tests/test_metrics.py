@@ -117,3 +117,45 @@ def test_chunks_and_threads_give_the_same_answer(monkeypatch):
 def test_integer_tensors_compare_exactly():
     s = element_stats(np.array([1, 2, 3]), np.array([1, 5, 3]))
     assert s.differing == 1 and s.max_ulp == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, BF16])
+def test_whole_block_and_gathered_paths_agree(dtype, monkeypatch):
+    """Where many elements differ a block is computed whole, in place; where few do, on the gathered
+    differing elements. Both give the same numbers, whatever the chunking, zeros and specials included."""
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal(20_000) * 10.0 ** rng.integers(-3, 3, 20_000)).astype(dtype)
+    a[::97] = 0.0
+    b = a.copy()
+    bits = b.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize])
+    bits[:12_000] += rng.integers(0, 9, 12_000).astype(bits.dtype)  # dense head, sparse tail
+    bits[rng.integers(12_000, 20_000, 40)] += 3
+    b[:12_000:101] *= -1
+    b[:12_000:97] = -0.0  # +0 vs -0: differ, 0 ULP
+    b[15_000] = np.inf
+    monkeypatch.setattr(metrics, "DENSE_FRACTION", 1 << 40)  # never whole blocks
+    gathered = element_stats(a, b)
+    monkeypatch.setattr(metrics, "DENSE_FRACTION", 16)
+    for chunk, block in [(1 << 22, 1 << 18), (4096, 1024), (1000, 333)]:
+        monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", chunk)
+        monkeypatch.setattr(metrics, "DENSE_BLOCK", block)
+        assert element_stats(a, b, threads=2) == gathered
+
+
+def test_fp32_block_maxima_found_in_fp32_equal_those_in_fp64(monkeypatch):
+    """Whole fp32 blocks look for max abs/rel error in fp32 and confirm the candidates in fp64: the
+    same values and indices as computing everything in fp64, ties, subnormals and overflow included."""
+    rng = np.random.default_rng(5)
+    n = 1 << 14
+    a = rng.standard_normal(n).astype(np.float32)
+    pairs = [(a, rng.standard_normal(n).astype(np.float32)),
+             (a * np.float32(1e-39), a * np.float32(2e-39)),  # subnormals
+             (np.clip(a, -1, 1) * np.float32(3e38), np.clip(a, -1, 1) * np.float32(-3e38)),  # |a - b| overflows fp32
+             (a, (a * np.float32(1.5)).astype(np.float32)),  # one relative error everywhere: ties
+             (np.where(np.arange(n) % 1000 == 0, np.float32(0), a), a + np.float32(1e-3))]  # a = 0: rel is inf
+    monkeypatch.setattr(metrics, "DENSE_BLOCK", 4096)
+    for x, y in pairs:
+        found = element_stats(x, y)
+        with monkeypatch.context() as fp64:
+            fp64.setattr(metrics, "_abs_rel_fp32", lambda *args: False)
+            assert element_stats(x, y) == found

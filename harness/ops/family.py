@@ -69,6 +69,10 @@ class OpFamily:
         """What a reader must know to read a tensor's comparison (e.g. its layout)."""
         return {}
 
+    def deterministic(self, case: Case) -> bool:
+        """Whether the Megatron side runs under torch.use_deterministic_algorithms (forward and backward)."""
+        return False
+
     def extra_outputs(self, case: Case) -> list[str]:
         """Forward outputs captured beside the differentiated ones (no upstream gradient)."""
         return []

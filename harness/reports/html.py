@@ -8,11 +8,14 @@ from pathlib import Path
 import numpy as np
 from jinja2 import Environment, PackageLoader
 
-from harness.case import describe_expectation
 from harness.compare import CaseComparison, TensorPair
 from harness.dtypes import to_numpy_dtype
 from harness.files import write_text_atomic
 from harness.metrics import ULP_BUCKETS
+from harness.reports.text import (NOT_MEASURED, abs_text, classes_text, expectation_text, index_title, rel_text,
+                                  status_label, summary_text, ulp_text, verdict_text)
+
+STATUS_CLASSES = {"pass": "pass", "fail": "fail", "n/a": "na"}
 
 _env = Environment(loader=PackageLoader("harness.reports", "templates"), autoescape=True,
                    trim_blocks=True, lstrip_blocks=True)
@@ -41,21 +44,23 @@ def _pair_view(pair: TensorPair, first_divergent: str | None) -> dict:
         "shape": list(digest.shape), "dtype": digest.dtype if not (pair.a and pair.b) or pair.a.dtype == pair.b.dtype
         else f"{pair.a.dtype} / {pair.b.dtype}",
         "md5_a": pair.a.md5 if pair.a else "-", "md5_b": pair.b.md5 if pair.b else "-",
-        "bitwise": pair.bitwise, "holds": pair.holds, "expectation": describe_expectation(pair.expectation),
+        "bitwise": pair.bitwise, "holds": pair.holds, "expectation": expectation_text(pair),
         "findings": pair.findings, "first_divergent": pair.name == first_divergent, "stats": None,
-        "note": pair.note,
+        "note": pair.note, "classes": classes_text(pair),
     }
     if stats is None:
         return view
     shape = pair.a.shape
     total = max(sum(stats.ulp_histogram.values()), 1)
+    at = (lambda flat: _index(flat, shape)) if pair.measured else (lambda flat: NOT_MEASURED)  # noqa: E731
     view["stats"] = {
         "elements": stats.elements, "differing": stats.differing, "canonical_equal": stats.canonical_equal,
+        "exact": pair.exact,
         "signed_zero_only": stats.signed_zero_only, "nan_payload_only": stats.nan_payload_only,
         "nan_mismatch": stats.nan_mismatch, "inf_mismatch": stats.inf_mismatch,
-        "max_ulp": stats.max_ulp, "max_ulp_at": _index(stats.max_ulp_flat_index, shape),
-        "max_abs": f"{stats.max_abs:.6g}", "max_abs_at": _index(stats.max_abs_flat_index, shape),
-        "max_rel": f"{stats.max_rel:.6g}", "max_rel_at": _index(stats.max_rel_flat_index, shape),
+        "max_ulp": ulp_text(pair), "max_ulp_at": at(stats.max_ulp_flat_index),
+        "max_abs": abs_text(pair, 6), "max_abs_at": at(stats.max_abs_flat_index),
+        "max_rel": rel_text(pair, 6), "max_rel_at": at(stats.max_rel_flat_index),
         "histogram": [{"bucket": b, "count": stats.ulp_histogram[b],
                        "height": 0 if not stats.ulp_histogram[b] else max(2, round(100 * stats.ulp_histogram[b] / total))}
                       for b in ULP_BUCKETS],
@@ -81,7 +86,9 @@ def case_view(comparison: CaseComparison) -> dict:
                       "mode": side.mode, "provenance": side.provenance, "nondeterministic": side.nondeterministic,
                       "environment": {k: v for k, v in side.environment.items() if v not in (None, {}, "")}})
     return {
-        "name": comparison.case_name, "passed": comparison.passed,
+        "name": comparison.case_name, "status": comparison.status, "label": status_label(comparison.status),
+        "status_class": STATUS_CLASSES[comparison.status], "summary": summary_text(comparison),
+        "verdict": verdict_text(comparison),
         "first_divergent": first.name if first else None, "sides": sides,
         "inputs": {name: d.to_json() for name, d in comparison.inputs.items()},
         "tensors": [_pair_view(pair, first.name if first else None) for pair in comparison.pairs],
@@ -95,10 +102,12 @@ def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
 
 
 def write_index(entries: list[tuple[CaseComparison, Path]], path: str | Path) -> Path:
-    rows = [{"name": c.case_name, "passed": c.passed, "href": p.name, "tensors": len(c.pairs),
+    rows = [{"name": c.case_name, "status": c.status, "label": status_label(c.status),
+             "status_class": STATUS_CLASSES[c.status], "reason": c.unavailable, "href": p.name, "tensors": len(c.pairs),
              "bitwise": sum(pair.bitwise for pair in c.pairs),
              "first_divergent": c.first_divergent.name if c.first_divergent else None} for c, p in entries]
-    return write_text_atomic(path, _env.get_template("index.html.j2").render(cases=rows))
+    title = index_title([c.status for c, _ in entries])
+    return write_text_atomic(path, _env.get_template("index.html.j2").render(cases=rows, title=title))
 
 
 def write_reports(comparisons: list[CaseComparison], target: str | Path) -> Path:

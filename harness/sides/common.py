@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import os
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,10 +14,6 @@ import numpy as np
 from harness.case import Case, SideSpec
 from harness.digest import Digest
 from harness.ops import Impl, family_for, framework_impls
-
-# Environment variables that change numerics or kernel choice, recorded in every dump.
-NUMERIC_FLAGS = ("TORCHDYNAMO_DISABLE", "TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "CUBLAS_WORKSPACE_CONFIG",
-                 "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
 
 def load_impl(case: Case, side: SideSpec) -> Impl:
@@ -41,15 +35,6 @@ def load_impl(case: Case, side: SideSpec) -> Impl:
         module = importlib.import_module(target)
         provenance = f"user function {target}:{function} ({getattr(module, '__file__', '?')})"
     return Impl(getattr(module, function), provenance)
-
-
-def base_environment() -> dict:
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "flags": {name: os.environ[name] for name in NUMERIC_FLAGS if name in os.environ}
-        | {name: value for name, value in os.environ.items() if name.startswith("FLAGS_")},
-    }
 
 
 @dataclass

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import ml_dtypes
 import numpy as np
 import torch
 
+from harness import fingerprint
 from harness.case import Case
-from harness.sides.common import SideOutput, base_environment, run_family
+from harness.numerics import NumericsProfile, apply_torch, environment_class
+from harness.ops import family_for
+from harness.sides.common import SideOutput, run_family
 
 
 def to_framework(array: np.ndarray, device: str) -> torch.Tensor:
@@ -31,31 +32,24 @@ def backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
     torch.autograd.backward(outputs, grads)
 
 
-def environment(device: str) -> dict:
-    env = base_environment() | {
-        "framework": "torch " + torch.__version__,
-        "torch": torch.__version__,
-        "megatron_core": importlib.metadata.version("megatron-core"),
-        "device": device,
-        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "cuda": torch.version.cuda,
-        "torch_threads": torch.get_num_threads(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-    }
-    if device == "cuda":
-        env["allow_tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
-    return env
-
-
-def run(case: Case, side_name: str, arrays: dict[str, np.ndarray]) -> SideOutput:
+def run(case: Case, side_name: str, arrays: dict[str, np.ndarray], profile: NumericsProfile) -> SideOutput:
     device = case.device_of(side_name)
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("case asks for cuda but torch sees no GPU")
+    apply_torch(profile)
 
     def to_tensor(array, requires_grad):
         return to_framework(array, device).requires_grad_(requires_grad)
 
-    output = run_family(case, case.sides[side_name], arrays, to_tensor, to_numpy, backward,
-                        grad_of=lambda t: t.grad)
-    output.environment = environment(device)
+    # The family's settings hold for forward and backward, as in a training run, and are read there.
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(family_for(case.op).deterministic(case))
+    try:
+        output = run_family(case, case.sides[side_name], arrays, to_tensor, to_numpy, backward,
+                            grad_of=lambda t: t.grad)
+        runtime = fingerprint.torch_runtime(device)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    output.environment = (fingerprint.common(profile.name) | fingerprint.torch_fields(device) | runtime
+                          | {"environment_class": environment_class(profile, [device])})
     return output

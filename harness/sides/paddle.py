@@ -6,8 +6,10 @@ import ml_dtypes
 import numpy as np
 import paddle
 
+from harness import fingerprint
 from harness.case import Case
-from harness.sides.common import SideOutput, base_environment, run_family
+from harness.numerics import NumericsProfile, apply_paddle, environment_class
+from harness.sides.common import SideOutput, run_family
 
 
 def to_framework(array: np.ndarray) -> paddle.Tensor:
@@ -27,23 +29,12 @@ def backward(outputs, grads) -> None:
     paddle.autograd.backward(outputs, grads)
 
 
-def environment() -> dict:
-    return base_environment() | {
-        "framework": "paddle " + paddle.__version__,
-        "paddle": paddle.__version__,
-        "paddle_commit": paddle.version.commit,
-        "device": paddle.device.get_device(),
-        "device_name": "cpu" if paddle.device.get_device() == "cpu" else paddle.device.cuda.get_device_name(),
-        "cuda": paddle.version.cuda() if paddle.device.is_compiled_with_cuda() else None,
-        "paddle_threads": paddle.base.core.get_num_threads() if hasattr(paddle.base.core, "get_num_threads") else None,
-    }
-
-
-def run(case: Case, side_name: str, arrays: dict[str, np.ndarray]) -> SideOutput:
+def run(case: Case, side_name: str, arrays: dict[str, np.ndarray], profile: NumericsProfile) -> SideOutput:
     device = case.device_of(side_name)
     if device == "cuda" and not paddle.device.is_compiled_with_cuda():
         raise RuntimeError("Paddle on cuda is not available here (this paddlepaddle build is CPU only)")
     paddle.set_device("gpu" if device == "cuda" else "cpu")
+    apply_paddle(profile)
 
     def to_tensor(array, requires_grad):
         tensor = to_framework(array)
@@ -52,5 +43,6 @@ def run(case: Case, side_name: str, arrays: dict[str, np.ndarray]) -> SideOutput
 
     output = run_family(case, case.sides[side_name], arrays, to_tensor, to_numpy, backward,
                         grad_of=lambda t: t.grad)
-    output.environment = environment()
+    output.environment = (fingerprint.common(profile.name) | fingerprint.paddle_fields(device, profile.paddle.threads)
+                          | {"environment_class": environment_class(profile, [device])})
     return output

@@ -48,6 +48,9 @@ class MoeCombineFamily(OpFamily):
             return ["expert_out", "logits"]
         return ["expert_out"] + (["probs"] if options.apply_probs else []) + ["routing_map"]
 
+    def deterministic(self, case: Case) -> bool:
+        return self.options(case).deterministic
+
     def extra_outputs(self, case: Case) -> list[str]:
         return ["routing.probs", "routing.map"] if self.options(case).routing == "router" else []
 

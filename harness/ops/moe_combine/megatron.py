@@ -18,13 +18,10 @@ def megatron(expert_out, probs, routing_map, logits, options):
     placeholder = torch.zeros(tokens, hidden, dtype=expert_out.dtype, device=expert_out.device)
     # permute returns 3 values in mcore 0.16 and 5 in 0.19 (which requires num_out_tokens)
     sorted_indices = permute(placeholder, routing_map, num_out_tokens=expert_out.shape[0])[:3][2]
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(options["deterministic"])
-    try:
-        out = unpermute(expert_out, sorted_indices, torch.Size((tokens, hidden)),
-                        probs=probs if options["apply_probs"] else None, routing_map=routing_map)
-    finally:
-        torch.use_deterministic_algorithms(previous)
+    # options["deterministic"] is applied around forward and backward by the side (index_add_ instead of
+    # scatter_add_ under torch.use_deterministic_algorithms)
+    out = unpermute(expert_out, sorted_indices, torch.Size((tokens, hidden)),
+                    probs=probs if options["apply_probs"] else None, routing_map=routing_map)
     return outputs | {"out": out}
 
 

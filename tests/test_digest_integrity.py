@@ -1,0 +1,197 @@
+"""The digests shown and kept are digests of the data: a dump's and a golden's bytes are checked
+against them on every read; and the mismatch heatmap comes out of the comparison's one pass."""
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from harness import metrics
+from harness.cli import main
+from harness.digest import Digest, digests_of, verify
+from harness.dump import META_FILE, TENSORS_FILE, Dump, DumpError, IntegrityError
+from harness.gate import Golden
+from harness.locate import Grid
+from harness.metrics import element_stats_and_map, ulp_distance
+
+from report_fixtures import known_diff_dumps
+
+BF16 = ml_dtypes.bfloat16
+
+
+def write_dumps(tmp_path):
+    """Two dumps as the worker writes them (no framework run): A and B."""
+    a, b = known_diff_dumps()
+    return a.write(tmp_path / "A"), b.write(tmp_path / "B")
+
+
+def tensor_byte_offset(path, name: str) -> int:
+    """Where tensor `name`'s bytes start in a safetensors file."""
+    raw = path.read_bytes()
+    header_length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_length])
+    return 8 + header_length + header[name]["data_offsets"][0]
+
+
+def flip_byte(path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def edit_meta(directory, change) -> None:
+    meta = json.loads((directory / META_FILE).read_text())
+    change(meta)
+    (directory / META_FILE).write_text(json.dumps(meta))
+
+
+def test_written_dump_records_md5_and_xxh3_and_reads_back(tmp_path):
+    a_dir, _ = write_dumps(tmp_path)
+    entries = json.loads((a_dir / META_FILE).read_text())["tensors"]
+    assert all(len(e["md5"]) == 32 and len(e["xxh3"]) == 32 for e in entries)
+    dump = Dump.read(a_dir)
+    assert dump.digests == digests_of(dump.tensors)
+
+
+def test_edited_tensor_byte_is_refused_by_name(tmp_path):
+    a_dir, _ = write_dumps(tmp_path)
+    flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, "grad.x") + 7)
+    with pytest.raises(IntegrityError) as error:
+        Dump.read(a_dir)
+    assert str(error.value) == f"{a_dir}: tensor grad.x: bytes do not match the recorded digest (corrupt or edited dump)"
+    assert isinstance(error.value, DumpError)
+
+
+def test_dump_without_xxh3_is_read_and_checked_by_md5(tmp_path):
+    """Dumps written before XXH3 was recorded still read; their bytes are checked by MD5."""
+    a_dir, _ = write_dumps(tmp_path)
+    edit_meta(a_dir, lambda meta: [entry.pop("xxh3") for entry in meta["tensors"]])
+    dump = Dump.read(a_dir)
+    assert all(d.xxh3 is None for d in dump.digests.values())
+    assert dump.digests == digests_of(dump.tensors)  # equality ignores the XXH3 one side lacks
+    flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, "out"))
+    with pytest.raises(DumpError, match="tensor out: bytes do not match the recorded digest"):
+        Dump.read(a_dir)
+
+
+def test_recorded_dtype_or_shape_that_disagrees_is_refused(tmp_path):
+    a_dir, _ = write_dumps(tmp_path)
+    edit_meta(a_dir, lambda meta: meta["tensors"][0].update(shape=[1, *meta["tensors"][0]["shape"]]))
+    name = json.loads((a_dir / META_FILE).read_text())["tensors"][0]["name"]
+    with pytest.raises(DumpError, match=f"tensor {name}: bytes do not match the recorded digest"):
+        Dump.read(a_dir)
+
+
+def test_meta_and_tensor_file_disagreement_is_named(tmp_path):
+    a_dir, _ = write_dumps(tmp_path)
+    edit_meta(a_dir, lambda meta: meta["tensors"].pop())  # grad.probs: in the file, not in meta
+    with pytest.raises(DumpError) as error:
+        Dump.read(a_dir)
+    assert str(error.value) == f"{a_dir}: tensor grad.probs: in {TENSORS_FILE} but not listed in {META_FILE}"
+    edit_meta(a_dir, lambda meta: meta["tensors"].append({"name": "grad.bias", "dtype": "float32", "shape": [4],
+                                                          "md5": "0" * 32}))
+    with pytest.raises(DumpError) as error:
+        Dump.read(a_dir)
+    assert str(error.value) == f"{a_dir}: tensor grad.bias: listed in {META_FILE} but not in {TENSORS_FILE}"
+
+
+def test_cli_compare_of_an_edited_dump_exits_2_naming_the_tensor(tmp_path, capsys):
+    a_dir, b_dir = write_dumps(tmp_path)
+    assert main(["compare", str(a_dir), str(b_dir)]) == 1  # intact: compared (they differ)
+    capsys.readouterr()
+    flip_byte(b_dir / TENSORS_FILE, tensor_byte_offset(b_dir / TENSORS_FILE, "out") + 2)
+    assert main(["compare", str(a_dir), str(b_dir)]) == 2
+    assert (f"xfalign: error: {b_dir}: tensor out: bytes do not match the recorded digest (corrupt or edited dump)"
+            in capsys.readouterr().err)
+
+
+def make_golden(tmp_path) -> tuple[Golden, object]:
+    a, b = known_diff_dumps()
+    golden = Golden("known_diff", {"x": Digest.of(np.zeros(3, np.float32))}, {"megatron": {}, "paddle": {}},
+                    {d.side: digests_of(d.tensors) for d in (a, b)},
+                    {f"{d.side}/{name}": array for d in (a, b) for name, array in d.tensors.items()})
+    golden.write(tmp_path)
+    return golden, Golden.paths(tmp_path, "known_diff")[1]
+
+
+def test_golden_values_file_is_checked_on_read(tmp_path):
+    golden, values = make_golden(tmp_path)
+    read = Golden.read(tmp_path, "known_diff")
+    assert read.tensors == golden.tensors and set(read.arrays) == set(golden.arrays)
+    flip_byte(values, tensor_byte_offset(values, "paddle/grad.probs") + 4)
+    with pytest.raises(DumpError) as error:  # a DumpError: the CLI answers it with exit 2
+        Golden.read(tmp_path, "known_diff")
+    assert str(error.value) == (f"{values}: tensor paddle/grad.probs: bytes do not match the golden's digest "
+                                "(corrupt or edited golden)")
+
+
+def test_golden_without_values_file_reads(tmp_path):
+    golden, values = make_golden(tmp_path)
+    golden.write(tmp_path, with_arrays=False)
+    assert not values.exists()
+    assert Golden.read(tmp_path, "known_diff").arrays is None
+
+
+def test_digest_changes_with_any_byte_dtype_or_shape():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    d = Digest.of(a)
+    for offset in (0, 17, a.nbytes - 1):
+        edited = a.copy()
+        edited.view(np.uint8).reshape(-1)[offset] ^= 0x80
+        e = Digest.of(edited)
+        assert e != d and e.md5 != d.md5 and e.xxh3 != d.xxh3
+    assert Digest.of(a.view(np.int32)) != d  # same bytes, other dtype
+    assert Digest.of(a.reshape(4, 3)) != d and Digest.of(a.reshape(-1)) != d  # same bytes, other shape
+    assert Digest.of(a.copy()) == d and Digest(d.dtype, d.shape, d.md5) == d  # XXH3 is not part of ==
+    assert verify({"t": a}, {"t": d}) == []
+    assert verify({"t": a.reshape(4, 3)}, {"t": d}) == ["t"]
+    assert verify({"t": a.view(np.int32)}, {"t": d}) == ["t"]
+    assert verify({"t": a}, {"t": Digest(d.dtype, d.shape, d.md5)}) == []  # no XXH3 recorded: MD5
+    assert verify({"t": a}, {"t": Digest(d.dtype, d.shape, "0" * 32)}) == ["t"]
+
+
+def brute_force_map(a: np.ndarray, b: np.ndarray, shape: tuple) -> tuple[list, list]:
+    """The heatmap as the former second scan computed it, element by element."""
+    grid = Grid.of(shape)
+    counts = np.zeros((grid.grid_rows, grid.grid_cols), dtype=np.int64)
+    max_ulp = np.zeros_like(counts)
+    ua = a.reshape(-1).view(np.uint16 if a.itemsize == 2 else np.uint32)
+    ub = b.reshape(-1).view(ua.dtype)
+    ulp = ulp_distance(a.reshape(-1), b.reshape(-1))
+    finite = np.isfinite(a.reshape(-1).astype(np.float32)) & np.isfinite(b.reshape(-1).astype(np.float32))
+    for i in np.flatnonzero(ua != ub):
+        cell = (i // grid.cols // grid.row_step, i % grid.cols // grid.col_step)
+        counts[cell] += 1
+        if finite[i]:
+            max_ulp[cell] = max(max_ulp[cell], ulp[i])
+    return counts.tolist(), max_ulp.tolist()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+@pytest.mark.parametrize("shape", [(1000,), (37, 129), (3, 5, 200), (300, 1), (130, 70)])
+@pytest.mark.parametrize("fraction", [0.003, 0.3, 1.0])
+def test_one_pass_heatmap_equals_brute_force(dtype, shape, fraction, monkeypatch):
+    rng = np.random.default_rng(hash((shape, fraction)) % 2**32)
+    a = (rng.standard_normal(shape) * 100).astype(dtype)
+    b = a.copy()
+    bits = b.reshape(-1).view(np.uint16 if b.itemsize == 2 else np.uint32)
+    where = rng.choice(a.size, max(1, int(a.size * fraction)), replace=False)
+    bits[where] += rng.integers(1, 50, where.size).astype(bits.dtype)
+    b.reshape(-1)[where[:3]] *= -1  # sign flips: distances across zero
+    b.reshape(-1)[where[3:4]] = np.nan  # a NaN mismatch: counted, with no ULP
+    expected = brute_force_map(a, b, shape)
+    whole_stats, whole = element_stats_and_map(a, b, shape)
+    assert (whole.counts, whole.max_ulp) == expected
+    # small chunks and blocks: cells cut across chunks, sparse and dense chunks side by side
+    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", 256)
+    monkeypatch.setattr(metrics, "DENSE_BLOCK", 64)
+    stats, chunked = element_stats_and_map(a, b, shape, threads=2)
+    assert (chunked.counts, chunked.max_ulp) == expected and stats == whole_stats
+    assert sum(map(sum, chunked.counts)) == stats.differing
+
+
+def test_no_map_when_nothing_differs():
+    a = np.ones((8, 8), dtype=np.float32)
+    stats, found = element_stats_and_map(a, a.copy(), a.shape)
+    assert stats.bitwise_equal and found is None
