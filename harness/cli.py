@@ -1,38 +1,46 @@
 """xfalign command line.
 
-Exit codes: 0 every expectation holds, 1 a check failed, 2 bad input or usage, 3 a side crashed or
-timed out.
+Exit codes: 0 every expectation holds, 1 a check failed (0 and 1 are verdicts, nothing else); 2 a
+harness error or bad input (case file, dump, usage, an output path that cannot be written), one line
+`xfalign: error: ...` (an unexpected exception: `xfalign: internal error: ...`, also 2; `--debug` shows
+the traceback); 3 a side crashed, was killed or timed out; 130 / 143 interrupted by SIGINT / SIGTERM
+(the workers' process groups are killed and the temporary folder removed first).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import tempfile
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from safetensors import SafetensorError
 
-from harness.case import CaseError, load_cases
-from harness.compare import InputMismatch, compare_dumps
-from harness.dump import Dump, DumpError
+from harness.case import load_cases
+from harness.compare import compare_dumps
+from harness.dump import META_FILE, Dump
+from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
 from harness.gate import Golden, baseline_dir, check, describe_update, missing_class_message
-from harness.numerics import ProfileError
 from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison, print_gate_result, print_side_dump
-from harness.runner import SideFailed, class_of, run_case
+from harness.runner import DEFAULT_SIDE_TIMEOUT_S, class_of, interrupt_handler, run_case
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
 DEFAULT_HTML = Path("reports")
-
-
-class UsageError(Exception):
-    pass
+TIMEOUT_HELP = (f"seconds each side may run, from its worker's start (default: the case's `timeout`, "
+                f"else {DEFAULT_SIDE_TIMEOUT_S}); a side past it is killed (exit 3)")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xfalign", description="Compare Paddle and Megatron-Core tensors, bit for bit.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run cases (both sides, or one with --side) and compare")
     run.add_argument("cases", nargs="+", type=Path, help="YAML case files")
@@ -42,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--numerics", metavar="PROFILE", help="numerics profile for every case (configs/numerics/NAME.yaml or a path); default: the case's, else portable-avx2")
     run.add_argument("--json", type=Path, help="write the full comparison as JSON")
     run.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
+    run.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
     gate.add_argument("cases", nargs="+", type=Path, help="YAML case files")
     gate.add_argument("--baseline", type=Path, required=True,
@@ -53,30 +62,127 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--digests-only", action="store_true", help="with --update: store digests, not tensor values")
     gate.add_argument("--json", type=Path, help="write the full comparisons as JSON")
     gate.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
+    gate.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     compare = commands.add_parser("compare", help="compare two dumps made anywhere")
     compare.add_argument("dump_a", type=Path)
     compare.add_argument("dump_b", type=Path)
     compare.add_argument("--json", type=Path, help="write the full comparison as JSON")
     compare.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
+    for command in (run, gate, compare):  # --debug also after the subcommand
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     return parser
 
 
 def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
+    """Where each side of `case` is dumped; folder names made of case ids and side names are made safe
+    file names (sweep ids hold '[', ',', '=')."""
     if args.side:
         if args.side not in case.sides:
             raise UsageError(f"{case.source}: no side {args.side!r} (sides: {', '.join(case.sides)})")
         if not args.dump:
             raise UsageError("--side needs --dump DIR: a single side has nothing to compare with")
-        return {args.side: args.dump / case.name if several else args.dump}
+        return {args.side: args.dump / safe_name(case.name) if several else args.dump}
     if args.dump:
-        root = args.dump / case.name if several else args.dump
-        return {side: root / side for side in case.sides}
+        root = args.dump / safe_name(case.name) if several else args.dump
+        folders = {side: root / safe_name(side) for side in case.sides}
+        if len(set(folders.values())) < len(folders):
+            raise UsageError(f"{case.source}: sides {' and '.join(repr(s) for s in case.sides)} would be dumped to one folder "
+                             f"{folders[next(iter(case.sides))]}; rename one")
+        return folders
     return None
 
 
+def _plan_dumps(cases, args) -> dict[str, dict[str, Path] | None]:
+    """Every case's dump folders, decided (and refused if two cases share one) before anything runs."""
+    plan, owner = {}, {}
+    for case in cases:
+        plan[case.name] = _dump_dirs(case, args, len(cases) > 1)
+        for folder in (plan[case.name] or {}).values():
+            if folder in owner and owner[folder] != case.name:
+                raise UsageError(f"cases {owner[folder]!r} and {case.name!r} would be dumped to one folder {folder}; rename one")
+            owner[folder] = case.name
+    return plan
+
+
 def _load_all(paths: list[Path]) -> list:
-    """Every case (and sweep point) of every file, all validated before any runs."""
-    return [case for path in paths for case in load_cases(path)]
+    """Every case (and sweep point) of every file, all validated before any runs; two cases with one name
+    (their reports, dumps and goldens would overwrite each other) are refused."""
+    cases, seen = [], {}
+    for path in paths:
+        for case in load_cases(path):
+            if case.name in seen:
+                first = seen[case.name]
+                where = (f"{path} is given twice" if Path(first).resolve() == Path(path).resolve()
+                         else f"in {first} and in {path}")
+                raise UsageError(f"two cases named {case.name!r}: {where} (case names must be unique in a run; "
+                                 f"set `name:` in one of them)")
+            seen[case.name] = path
+            cases.append(case)
+    return cases
+
+
+def _check_output(path: Path, option: str, kind: str, write_in: Path | None = None) -> None:
+    """Refuse, before any side runs, an output that cannot be written: if `path` exists it must be a
+    `kind` ('file' or 'dir'); the folder written in (`write_in`; default: the path itself for a folder,
+    its parent for a file) must exist or be creatable, and be writable (a temporary file is created and
+    removed in it, or in its nearest existing ancestor)."""
+    if path.exists():
+        if kind == "file" and not path.is_file():
+            what = "is a directory, not a file" if path.is_dir() else "exists and is not a regular file"
+            raise OutputError(f"{option} {path}: {what}")
+        if kind == "dir" and not path.is_dir():
+            raise OutputError(f"{option} {path}: exists and is not a directory")
+    folder = write_in if write_in is not None else path if kind == "dir" else path.parent
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OutputError(f"{option} {path}: {probe} is not a directory")
+    try:
+        handle, name = tempfile.mkstemp(prefix=".xfalign-probe-", dir=probe)
+        os.close(handle)
+        os.unlink(name)
+    except OSError as error:
+        raise OutputError(f"{option} {path}: cannot write in {probe}: {error.strerror or error}") from None
+
+
+def _check_reports(args) -> None:
+    if getattr(args, "json", None):
+        _check_output(args.json, "--json", "file")
+    _check_output(args.html, "--html", "file" if args.html.suffix == ".html" else "dir")
+
+
+def _check_dumps(plan: dict[str, dict[str, Path] | None]) -> None:
+    """Each dump folder is written by renaming a staging folder made beside it into place, replacing
+    what is there: refuse a folder that exists and is not an xfalign dump."""
+    for folders in plan.values():
+        for folder in (folders or {}).values():
+            _check_output(folder, "--dump", "dir", write_in=folder.parent)
+            try:
+                foreign = folder.is_dir() and any(folder.iterdir()) and not (folder / META_FILE).is_file()
+            except OSError as error:
+                raise OutputError(f"--dump {folder}: cannot read it: {error.strerror or error}") from None
+            if foreign:
+                raise OutputError(f"--dump {folder}: exists and is not an xfalign dump (no {META_FILE}); "
+                                  f"refusing to replace it")
+
+
+def _check_run_options(args) -> None:
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1 (got {args.repeat})")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds (got {args.timeout:g})")
+
+
+@contextmanager
+def _writing(path: Path, what: str):
+    """An OSError while writing an output (no permission, disk full) is exit 2 naming the path."""
+    try:
+        yield
+    except OSError as error:
+        raise OutputError(f"cannot write {what} {path}: {error.strerror or error}") from None
+    except SafetensorError as error:
+        raise OutputError(f"cannot write {what} {path}: {error}") from None
 
 
 def _print_sweep_summaries(cases, status: dict[str, str], console: Console) -> None:
@@ -98,18 +204,22 @@ def _write_outputs(args, comparisons, console: Console) -> None:
     if not comparisons:
         return
     if args.json:
-        console.print(f"JSON: {write_json(comparisons, args.json)}", highlight=False, markup=False)
-    console.print(f"HTML report: {write_reports(comparisons, args.html)}", highlight=False, markup=False)
+        with _writing(args.json, "the JSON report"):
+            written = write_json(comparisons, args.json)
+        console.print(f"JSON: {written}", highlight=False, markup=False)
+    with _writing(args.html, "the HTML report"):
+        written = write_reports(comparisons, args.html)
+    console.print(f"HTML report: {written}", highlight=False, markup=False)
 
 
 def _run_each(cases, console: Console, crashed: list[str], repeat: int, numerics: str | None,
-              dump_dirs=lambda case: None):
+              timeout: float | None, dump_dirs=lambda case: None):
     """Run the cases one by one, yielding each run; a crashed side is printed and noted in `crashed`."""
     for case in cases:
         try:
             with console.status(f"running {escape(case.name)} ..."):
-                run = run_case(case, dump_dirs(case), repeat=repeat, numerics=numerics)
-        except SideFailed as error:
+                run = run_case(case, dump_dirs(case), repeat=repeat, numerics=numerics, timeout=timeout)
+        except SideCrashed as error:
             console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(error))}", highlight=False)
             crashed.append(case.name)
             continue
@@ -117,12 +227,16 @@ def _run_each(cases, console: Console, crashed: list[str], repeat: int, numerics
 
 
 def cmd_run(args, console: Console) -> int:
+    _check_run_options(args)
     cases = _load_all(args.cases)
+    plan = _plan_dumps(cases, args)
+    _check_dumps(plan)
+    if not args.side:  # one side: nothing compared, no report written
+        _check_reports(args)
     comparisons, crashed = [], []
-    dump_dirs = lambda case: _dump_dirs(case, args, len(cases) > 1)  # noqa: E731
-    for run in _run_each(cases, console, crashed, args.repeat, args.numerics, dump_dirs):
+    for run in _run_each(cases, console, crashed, args.repeat, args.numerics, args.timeout, lambda case: plan[case.name]):
         if run.comparison is None:
-            for side, path in dump_dirs(run.case).items():
+            for side, path in plan[run.case.name].items():
                 print_side_dump(run.case_id, side, run.dumps[side], path, console)
             continue
         print_comparison(run.comparison, console)
@@ -138,16 +252,18 @@ def cmd_run(args, console: Console) -> int:
 def cmd_gate(args, console: Console) -> int:
     if args.only_failing and not args.update:
         raise UsageError("--only-failing goes with --update")
-    if args.repeat < 1:
-        raise UsageError("--repeat must be >= 1")
+    _check_run_options(args)
     cases = _load_all(args.cases)
+    _check_reports(args)
+    if args.update:
+        _check_output(args.baseline, "--baseline", "dir")
     comparisons, crashed, failed, gate_status = [], [], [], {}
     if not args.update:
         for case in cases:
             environment_class = class_of(case, args.numerics)
             if not baseline_dir(args.baseline, environment_class).is_dir():
                 raise UsageError(missing_class_message(args.baseline, environment_class, [str(p) for p in args.cases]))
-    for run in _run_each(cases, console, crashed, args.repeat, args.numerics):
+    for run in _run_each(cases, console, crashed, args.repeat, args.numerics, args.timeout):
         baseline = baseline_dir(args.baseline, run.environment_class)
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
@@ -155,7 +271,8 @@ def cmd_gate(args, console: Console) -> int:
         result = check(run, golden)
         if args.update and (not args.only_failing or result.golden_problems):
             new = Golden.from_run(run)
-            new.write(baseline, with_arrays=not args.digests_only)
+            with _writing(baseline, "the golden in"):
+                new.write(baseline, with_arrays=not args.digests_only)
             console.print(f"golden {run.case_id}: {describe_update(golden, new)}", highlight=False, markup=False)
             result = check(run, Golden.read(baseline, run.case_id))
         print_gate_result(result, console)
@@ -170,21 +287,51 @@ def cmd_gate(args, console: Console) -> int:
 
 
 def cmd_compare(args, console: Console) -> int:
+    _check_reports(args)
     comparison = compare_dumps(Dump.read(args.dump_a), Dump.read(args.dump_b))
     print_comparison(comparison, console)
     _write_outputs(args, [comparison], console)
     return EXIT_OK if comparison.passed else EXIT_FAILED
 
 
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] + (" ..." if len(lines) > 1 else "") if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=160)
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):  # kill the workers' groups, remove temp folders, exit 128+N
+        try:
+            previous[signum] = signal.signal(signum, interrupt_handler)
+        except ValueError:  # not the main thread (main() called from a thread): leave the handlers alone
+            pass
     try:
         return {"run": cmd_run, "gate": cmd_gate, "compare": cmd_compare}[args.command](args, console)
-    except (CaseError, DumpError, InputMismatch, ProfileError, UsageError) as error:
+    except XfalignError as error:
+        if args.debug:
+            traceback.print_exc()
         print(f"xfalign: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except (Interrupted, KeyboardInterrupt) as error:
+        interrupted = error if isinstance(error, Interrupted) else Interrupted(signal.SIGINT)
+        print(f"xfalign: interrupted by {interrupted.signal_name}", file=sys.stderr)
+        return interrupted.exit_code
+    except Exception as error:  # a bug in xfalign, or in something it calls: still one line
+        if args.debug:
+            traceback.print_exc()
+            print(f"xfalign: internal error: {type(error).__name__}: {_first_line(error)}", file=sys.stderr)
+        else:
+            print(f"xfalign: internal error: {type(error).__name__}: {_first_line(error)} "
+                  f"(run with --debug for the traceback)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

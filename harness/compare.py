@@ -13,12 +13,13 @@ from harness.case import Expectation, ExpectSpec
 from harness.digest import Digest
 from harness.dtypes import FLOAT_DTYPES
 from harness.dump import Dump
+from harness.errors import XfalignError
 from harness.locate import MismatchMap
 from harness.metrics import ElementStats, element_stats_and_map
 from harness.reports.text import difference_text, failure_text  # noqa: F401  (their home; kept importable here)
 
 
-class InputMismatch(Exception):
+class InputMismatch(XfalignError):
     """The two sides did not consume the same inputs: comparing their outputs would mean nothing."""
 
 

@@ -14,13 +14,14 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from harness.digest import Digest, digests_of, verify
+from harness.errors import XfalignError
 
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
 META_FILE = "meta.json"
 
 
-class DumpError(Exception):
+class DumpError(XfalignError):
     """A dump directory that cannot be read."""
 
 

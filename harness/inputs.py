@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from harness.case import Case, InputSpec
+from harness.case import Case, CaseError, InputSpec
 from harness.dtypes import to_numpy_dtype
 from harness.ops import family_for
+
+DEFAULT_MAX_INPUT_GIB = 8.0
+# What generate_inputs allows when not told otherwise (the command line's --max-input-gib may set it).
+MAX_INPUT_GIB = DEFAULT_MAX_INPUT_GIB
+# Draws are made this many at a time in float64 and cast into the input: the same stream, and so the same
+# bits, as one draw of the whole tensor, without a float64 copy of it.
+CHUNK_ELEMENTS = 1 << 20
+_GIB = 1 << 30
+
+
+def input_bytes(case: Case) -> int:
+    """Bytes the case's inputs take, as generated (before any framework copies them)."""
+    return sum(math.prod(spec.shape) * to_numpy_dtype(spec.dtype).itemsize for spec in case.inputs.values())
+
+
+def check_input_size(case: Case, limit_gib: float = DEFAULT_MAX_INPUT_GIB) -> int:
+    """The case's inputs must fit in `limit_gib` GiB; checked before anything is allocated. Returns the bytes.
+
+    Raises CaseError: "cases/x.yaml: inputs need 74.5 GiB; limit 8 GiB (set --max-input-gib)"."""
+    need = input_bytes(case)
+    if need > limit_gib * _GIB:
+        point = f" (in sweep point {case.name})" if case.sweep_of else ""
+        raise CaseError(f"{case.source}: inputs need {need / _GIB:,.1f} GiB; limit {limit_gib:g} GiB "
+                        f"(set --max-input-gib){point}")
+    return need
 
 
 def generate_input(name: str, spec: InputSpec, case: Case) -> np.ndarray:
@@ -20,19 +46,28 @@ def generate_input(name: str, spec: InputSpec, case: Case) -> np.ndarray:
     made = family_for(case.op).generate_input(name, case, rng)
     if made is not None:
         return made
-    if spec.dist == "normal":
-        values = rng.normal(spec.mean, spec.std, size=spec.shape)
-    else:
-        values = rng.uniform(spec.low, spec.high, size=spec.shape)
+    dtype = to_numpy_dtype(spec.dtype)
+    values = np.empty(spec.shape, dtype=dtype)
+    flat = values.reshape(-1)
+    # The draws, in order, chunk by chunk; each float64 chunk -> dtype: one round-to-nearest-even per value.
+    for start in range(0, flat.size, CHUNK_ELEMENTS):
+        size = min(CHUNK_ELEMENTS, flat.size - start)
+        if spec.dist == "normal":
+            chunk = rng.normal(spec.mean, spec.std, size=size)
+        else:
+            chunk = rng.uniform(spec.low, spec.high, size=size)
+        flat[start:start + size] = chunk.astype(dtype)
     if spec.special_values and spec.special_fraction > 0:
-        flat = values.reshape(-1)
+        # After all the draws, as before: the positions, then the values planted there.
         count = max(1, int(round(flat.size * spec.special_fraction)))
         where = rng.choice(flat.size, size=min(count, flat.size), replace=False)
-        flat[where] = rng.choice(np.asarray(spec.special_values, dtype=np.float64), size=where.size)
-    return values.astype(to_numpy_dtype(spec.dtype))  # float64 -> dtype: one round-to-nearest-even
+        flat[where] = rng.choice(np.asarray(spec.special_values, dtype=np.float64), size=where.size).astype(dtype)
+    return values
 
 
-def generate_inputs(case: Case) -> dict[str, np.ndarray]:
+def generate_inputs(case: Case, max_input_gib: float | None = None) -> dict[str, np.ndarray]:
+    """Every input of the case; first checks they fit in `max_input_gib` (default: MAX_INPUT_GIB)."""
+    check_input_size(case, MAX_INPUT_GIB if max_input_gib is None else max_input_gib)
     return {name: generate_input(name, spec, case) for name, spec in case.inputs.items()}
 
 

@@ -15,12 +15,13 @@ import yaml
 from pydantic import ValidationError
 
 from harness.case import Strict
+from harness.errors import XfalignError
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "numerics"
 DEFAULT_PROFILE = "portable-avx2"
 
 
-class ProfileError(Exception):
+class ProfileError(XfalignError):
     """A profile that does not exist or does not validate; the message is one line."""
 
 

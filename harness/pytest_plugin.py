@@ -2,24 +2,28 @@
 
 A failing item shows the per-tensor table and every problem; with `--xfalign-baseline DIR` the goldens
 are checked too (update them with `xfalign gate CASES --baseline DIR --update`).
+
+What is collected: YAML case files named on the command line, or found in a folder named there (or in
+the invocation folder when pytest is given no paths and has no `testpaths`), and those the ini option
+`xfalign_cases` lists (paths or globs, relative to the rootdir). A plain `pytest` that runs `testpaths`
+collects only `xfalign_cases`. A case file that does not load is one collection error with its one-line
+message. The plugin is loaded by every pytest run: the harness (numpy, the runner, the reports) is
+imported only when a case file is collected, and no framework ever is.
 """
 
 from __future__ import annotations
 
+import glob
 import io
+import re
 from pathlib import Path
 
 import pytest
-import yaml
-from rich.console import Console
-
-from harness.case import CaseError, load_cases
-from harness.gate import Golden, baseline_dir, check
-from harness.reports.terminal import print_comparison, print_gate_result
-from harness.reports.text import status_label, verdict_text
-from harness.runner import SideFailed, run_case
 
 CASE_KEYS = {"op", "sides", "inputs"}
+_TOP_LEVEL_KEY = re.compile(r"^(op|sides|inputs)\s*:", re.MULTILINE)
+_SNIFF_BYTES = 1 << 20
+_CONFIGURED = pytest.StashKey[set]()
 
 
 class CaseFailed(Exception):
@@ -31,27 +35,86 @@ def pytest_addoption(parser):
     group.addoption("--xfalign-baseline", type=Path, help="check goldens in this folder (DIR/<environment class>/) too")
     group.addoption("--xfalign-numerics", help="numerics profile for every case (default: the case's, else portable-avx2)")
     group.addoption("--xfalign-repeat", type=int, default=1, help="run each side N times (nondeterminism)")
+    parser.addini("xfalign_cases", type="linelist", default=[],
+                  help="YAML case files, folders or globs (relative to the rootdir) that pytest collects even when "
+                       "not named on the command line (default: none; named ones are always collected)")
 
 
-def _is_case_file(path: Path) -> bool:
+def _configured(config) -> set[Path]:
+    """Files and folders that the ini option xfalign_cases names, resolved once per session."""
+    if _CONFIGURED not in config.stash:
+        found = set()
+        for pattern in config.getini("xfalign_cases"):
+            full = str(config.rootpath / pattern)
+            matches = glob.glob(full, recursive=True) if glob.has_magic(pattern) else [full]
+            found.update(Path(m).resolve() for m in matches)
+        config.stash[_CONFIGURED] = found
+    return config.stash[_CONFIGURED]
+
+
+def pytest_configure(config):
+    """A plain `pytest` (collecting `testpaths`) also collects the paths xfalign_cases names."""
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        roots = [(config.rootpath / arg.split("::")[0]).resolve() for arg in config.args]
+        config.args.extend(str(p) for p in sorted(_configured(config)) if p.exists() and not _under(p, roots))
+
+
+def _command_line(config) -> list[Path]:
+    """The paths pytest was asked to collect: named on the command line, or the invocation folder (but not
+    `testpaths`, which a plain `pytest` collects: there only xfalign_cases counts)."""
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        return []
+    base = config.invocation_params.dir
+    return [(base / arg.split("::")[0]).resolve() for arg in config.args]
+
+
+def _under(path: Path, roots) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+def _looks_like_case(path: Path) -> bool:
+    """A YAML file is a case when its top level has `op`, or two of op/sides/inputs; one that does not parse
+    counts when its text has such top-level keys (a broken case must be reported, not skipped)."""
+    import yaml
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        with open(path, "rb") as file:
+            raw = file.read(_SNIFF_BYTES + 1)
+    except OSError:
         return False
-    return isinstance(data, dict) and CASE_KEYS <= data.keys()
+    text = raw.decode("utf-8", errors="replace")
+    keys: set = set()
+    if len(raw) <= _SNIFF_BYTES:
+        try:
+            data = yaml.safe_load(text)
+            keys = set(data) if isinstance(data, dict) else set()
+        except (yaml.YAMLError, RecursionError, TypeError):
+            keys = set(_TOP_LEVEL_KEY.findall(text))
+    else:
+        keys = set(_TOP_LEVEL_KEY.findall(text))
+    return "op" in keys or len(CASE_KEYS & keys) >= 2
 
 
 def pytest_collect_file(file_path: Path, parent):
-    if file_path.suffix in (".yaml", ".yml") and _is_case_file(file_path):
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    config = parent.config
+    path = file_path.resolve()
+    named = _command_line(config)
+    if path in named or path in _configured(config):
+        return CaseFile.from_parent(parent, path=file_path)  # named explicitly: a case, loadable or not
+    if (_under(path, named) or _under(path, _configured(config))) and _looks_like_case(file_path):
         return CaseFile.from_parent(parent, path=file_path)
     return None
 
 
 class CaseFile(pytest.File):
     def collect(self):
+        from harness.case import CaseError, load_cases
+
         try:
             cases = load_cases(self.path)
-        except CaseError as error:
+        except CaseError as error:  # one collection error, its message one line: no traceback
             raise self.CollectError(str(error)) from None
         for case in cases:  # one item per sweep point
             yield CaseItem.from_parent(self, name=case.name, case=case)
@@ -63,6 +126,14 @@ class CaseItem(pytest.Item):
         self.case = case
 
     def runtest(self):
+        from rich.console import Console
+
+        from harness.case import CaseError
+        from harness.gate import Golden, baseline_dir, check
+        from harness.reports.terminal import print_comparison, print_gate_result
+        from harness.reports.text import status_label, verdict_text
+        from harness.runner import SideFailed, run_case
+
         config = self.config
         if any(self.case.device_of(side) == "cuda" for side in self.case.sides) and not Path("/dev/nvidia0").exists():
             pytest.skip("a side of this case runs on cuda and this machine has no NVIDIA GPU")
@@ -71,6 +142,8 @@ class CaseItem(pytest.Item):
                            numerics=config.getoption("xfalign_numerics"))
         except SideFailed as error:
             raise CaseFailed(f"side crashed: {error}") from None
+        except CaseError as error:  # e.g. inputs over the size limit
+            raise CaseFailed(str(error)) from None
         if run.comparison.status == "n/a":  # a side cannot run here: nothing to check, nothing failed
             pytest.skip(f"{status_label('n/a')} {verdict_text(run.comparison)}")
         buffer = io.StringIO()

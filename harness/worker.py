@@ -3,7 +3,12 @@
     python -m harness.worker JOB.json
 
 JOB.json holds the validated case, its source path, the side name, the inputs file and the dump
-directory. Framework flags are set here, before the framework is imported.
+directory, and optionally a status file. Framework flags are set here, before the framework is imported.
+
+The status file (JSON) is written last: {"dump": PATH} once the dump is in place, {"error": "Type:
+message"} when the side raised, {"output_error": message} when the dump could not be written (exit 2).
+A worker that ends without writing it (user code calling sys.exit or os._exit, a signal) exited before
+writing its dump, whatever its exit code; the parent reports it so.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import os
 import sys
 import warnings
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from harness import __version__
 from harness.case import Case
@@ -59,7 +66,7 @@ def run_job(job: dict) -> Path:
         runs = [runner.run(case, job["side"], arrays, profile) for _ in range(job.get("repeat", 1))]
     except NotAvailable as reason:
         meta |= {"provenance": "-", "environment": {}, "inputs": {}, "unavailable": str(reason)}
-        return Dump(meta, {}).write(job["dump"])
+        return _write_dump(Dump(meta, {}), job["dump"])
     output = runs[0]
     meta |= {
         "provenance": output.provenance,
@@ -69,12 +76,38 @@ def run_job(job: dict) -> Path:
         "repeats": {name: [Digest.of(run.tensors[name]).md5 if name in run.tensors else None for run in runs]
                     for name in output.tensors} if len(runs) > 1 else {},
     }
-    return Dump(meta, output.tensors).write(job["dump"])
+    return _write_dump(Dump(meta, output.tensors), job["dump"])
+
+
+class DumpWriteFailed(Exception):
+    """The dump could not be written (unwritable folder, full disk): an output error, not a crash."""
+
+
+def _write_dump(dump: Dump, directory: str) -> Path:
+    try:
+        return dump.write(directory)
+    except (OSError, SafetensorError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise DumpWriteFailed(f"cannot write the dump {directory}: {reason}") from error
+
+
+def _report(status: str | None, record: dict) -> None:
+    if status:
+        Path(status).write_text(json.dumps(record))
 
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
-    run_job(job)
+    status = job.get("status")
+    try:
+        written = run_job(job)
+    except DumpWriteFailed as error:
+        _report(status, {"output_error": str(error)})
+        return 2
+    except Exception as error:
+        _report(status, {"error": f"{type(error).__name__}: {error}"})
+        raise  # the traceback goes to the worker's output, whose tail the parent shows
+    _report(status, {"dump": str(written)})
     return 0
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 from jinja2 import Environment, PackageLoader
@@ -16,6 +18,8 @@ from harness.reports.text import (NOT_MEASURED, abs_text, classes_text, expectat
                                   status_label, summary_text, ulp_text, verdict_text)
 
 STATUS_CLASSES = {"pass": "pass", "fail": "fail", "n/a": "na"}
+_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+MAX_FILE_STEM = 120
 
 _env = Environment(loader=PackageLoader("harness.reports", "templates"), autoescape=True,
                    trim_blocks=True, lstrip_blocks=True)
@@ -101,9 +105,30 @@ def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
     return write_text_atomic(path, html)
 
 
+def safe_file_stem(name: str) -> str:
+    """A file name stem from a case id: A-Z a-z 0-9 . _ - kept, anything else `_`; no leading or trailing
+    dots or underscores (no hidden files, never `..`)."""
+    return _UNSAFE_FILE_CHARS.sub("_", name).strip("._")[:MAX_FILE_STEM] or "case"
+
+
+def report_file_names(case_names: list[str], reserved: tuple[str, ...] = ("index",)) -> list[str]:
+    """One safe, distinct (also ignoring case) `<stem>.html` per case; `reserved` stems are left free."""
+    used, names = {r.lower() for r in reserved}, []
+    for case_name in case_names:
+        stem = base = safe_file_stem(case_name)
+        n = 2
+        while stem.lower() in used:
+            stem, n = f"{base}-{n}", n + 1
+        used.add(stem.lower())
+        names.append(f"{stem}.html")
+    return names
+
+
 def write_index(entries: list[tuple[CaseComparison, Path]], path: str | Path) -> Path:
+    # Links are relative file links to the reports beside the index, url-quoted: never a scheme.
     rows = [{"name": c.case_name, "status": c.status, "label": status_label(c.status),
-             "status_class": STATUS_CLASSES[c.status], "reason": c.unavailable, "href": p.name, "tensors": len(c.pairs),
+             "status_class": STATUS_CLASSES[c.status], "reason": c.unavailable, "href": quote(p.name, safe=""),
+             "tensors": len(c.pairs),
              "bitwise": sum(pair.bitwise for pair in c.pairs),
              "first_divergent": c.first_divergent.name if c.first_divergent else None} for c, p in entries]
     title = index_title([c.status for c, _ in entries])
@@ -116,7 +141,9 @@ def write_reports(comparisons: list[CaseComparison], target: str | Path) -> Path
     if len(comparisons) == 1 and target.suffix == ".html":
         return write_case_report(comparisons[0], target)
     folder = target if target.suffix != ".html" else target.parent
-    entries = [(c, write_case_report(c, folder / f"{c.case_name}.html")) for c in comparisons]
+    reserved = ("index",) if target.suffix != ".html" else (target.stem,)
+    names = report_file_names([c.case_name for c in comparisons], reserved)
+    entries = [(c, write_case_report(c, folder / name)) for c, name in zip(comparisons, names)]
     if len(entries) == 1 and target.suffix != ".html":
         return entries[0][1]
     return write_index(entries, target if target.suffix == ".html" else folder / "index.html")

@@ -6,12 +6,11 @@ import hashlib
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from harness.case import Case, SideSpec
+from harness.case import Case, SideSpec, user_function_file
 from harness.digest import Digest
 from harness.ops import Impl, family_for, framework_impls
 
@@ -23,9 +22,7 @@ def load_impl(case: Case, side: SideSpec) -> Impl:
         return framework_impls(case.op, side.framework)[name]
     target, function = name.rsplit(":", 1)
     if target.endswith(".py"):
-        path = Path(target)
-        beside_case = Path(case.source).parent / path
-        path = (beside_case if beside_case.exists() else path).resolve()
+        path = user_function_file(case.source, target).resolve()  # beside the case, never the working directory
         spec = importlib.util.spec_from_file_location(f"xfalign_user_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -34,7 +31,57 @@ def load_impl(case: Case, side: SideSpec) -> Impl:
     else:
         module = importlib.import_module(target)
         provenance = f"user function {target}:{function} ({getattr(module, '__file__', '?')})"
+    if not callable(getattr(module, function, None)):
+        raise UserFunctionError(f"user function {name}: {target} defines no function {function!r}")
     return Impl(getattr(module, function), provenance)
+
+
+class UserFunctionError(TypeError):
+    """An implementation returned something the harness cannot capture; the message says what was expected."""
+
+
+def _type_name(value) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _tracks_grad(tensor) -> bool:
+    if hasattr(tensor, "stop_gradient"):  # paddle
+        return not tensor.stop_gradient
+    return bool(getattr(tensor, "requires_grad", False))  # torch
+
+
+def _check_result(result, case: Case, side: SideSpec, tensor_type: type, differentiable: bool) -> dict:
+    """The implementation's outputs by name: a tensor (the first output) or a dict holding every output
+    that gets an upstream gradient; each a tensor of the side's framework, attached to the autograd graph
+    where gradients are taken."""
+    family = family_for(case.op)
+    who = f"user function {side.impl}" if side.is_user_function else \
+        f"{side.framework} implementation {side.impl or family.default_impl(side.framework)}"
+    kind = "a torch tensor" if side.framework == "megatron" else f"a {side.framework} tensor"
+    names = list(family.upstream)
+    expected = (f"expected {kind} ({names[0]}) or " if len(names) == 1 else "expected ") + \
+        f"a dict with {', '.join(repr(n) for n in names)}"
+    if isinstance(result, dict):
+        missing = [n for n in names if n not in result]
+        if missing:
+            keys = ", ".join(repr(k) for k in list(result)[:8]) or "no keys"
+            raise UserFunctionError(f"{who} returned a dict without {', '.join(repr(n) for n in missing)} "
+                                    f"(it has {keys}); {expected}")
+        outputs = result
+    elif len(names) == 1 and isinstance(result, tensor_type):
+        outputs = {names[0]: result}
+    else:
+        raise UserFunctionError(f"{who} returned {_type_name(result)}; {expected}")
+    for name in [*names, *family.extra_outputs(case)]:
+        if name in outputs and not isinstance(outputs[name], tensor_type):
+            raise UserFunctionError(f"{who} returned {name!r} as {_type_name(outputs[name])}; expected {kind}")
+    if differentiable:
+        for name in names:
+            if not _tracks_grad(outputs[name]):
+                raise UserFunctionError(f"{who} returned {name!r} detached from the inputs (it does not require "
+                                        f"grad); expected {kind} computed from the inputs, so that gradients can "
+                                        "be taken through it")
+    return outputs
 
 
 @dataclass
@@ -60,7 +107,7 @@ def run_family(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], to_ten
     tensors = {name: to_tensor(to_framework_layout(name, array), name in differentiable) for name, array in arrays.items()}
     consumed = {name: Digest.of(to_framework_layout(name, to_numpy(t))) for name, t in tensors.items()}
     result = impl.fn(*(tensors.get(name) for name in family.signature), options)
-    outputs = result if isinstance(result, dict) else {next(iter(family.upstream)): result}
+    outputs = _check_result(result, case, side, type(next(iter(tensors.values()))), bool(differentiable))
     backward([outputs[name] for name in family.upstream], [tensors[g] for g in family.upstream.values()])
     captured = {name: to_numpy(outputs[name]) for name in [*family.upstream, *family.extra_outputs(case)] if name in outputs}
     for name in family.grad_inputs(case):

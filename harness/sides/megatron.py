@@ -9,7 +9,7 @@ import torch
 from harness import fingerprint
 from harness.case import Case
 from harness.numerics import NumericsProfile, apply_torch, environment_class
-from harness.ops import family_for
+from harness.ops import NotAvailable, family_for
 from harness.sides.common import SideOutput, run_family
 
 
@@ -35,7 +35,7 @@ def backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
 def run(case: Case, side_name: str, arrays: dict[str, np.ndarray], profile: NumericsProfile) -> SideOutput:
     device = case.device_of(side_name)
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("case asks for cuda but torch sees no GPU")
+        raise NotAvailable("case asks for cuda but torch sees no GPU")  # a result (N/A), not a crash
     apply_torch(profile)
 
     def to_tensor(array, requires_grad):

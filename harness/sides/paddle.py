@@ -9,6 +9,7 @@ import paddle
 from harness import fingerprint
 from harness.case import Case
 from harness.numerics import NumericsProfile, apply_paddle, environment_class
+from harness.ops import NotAvailable
 from harness.sides.common import SideOutput, run_family
 
 
@@ -31,8 +32,10 @@ def backward(outputs, grads) -> None:
 
 def run(case: Case, side_name: str, arrays: dict[str, np.ndarray], profile: NumericsProfile) -> SideOutput:
     device = case.device_of(side_name)
-    if device == "cuda" and not paddle.device.is_compiled_with_cuda():
-        raise RuntimeError("Paddle on cuda is not available here (this paddlepaddle build is CPU only)")
+    if device == "cuda" and not paddle.device.is_compiled_with_cuda():  # a result (N/A), not a crash
+        raise NotAvailable("Paddle on cuda is not available here (this paddlepaddle build is CPU only)")
+    if device == "cuda" and paddle.device.cuda.device_count() == 0:
+        raise NotAvailable("case asks for cuda but Paddle sees no GPU")
     paddle.set_device("gpu" if device == "cuda" else "cpu")
     apply_paddle(profile)
 

@@ -1,0 +1,60 @@
+"""Errors that end an xfalign command, each carrying its exit code.
+
+0 and 1 are verdicts (every expectation holds / one does not) and are never raised. An `XfalignError`
+is reported by the CLI as one line, `xfalign: error: <message>`, and exits with its `exit_code`.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+
+class XfalignError(Exception):
+    """Harness error or bad input (case file, dump, usage, an output path that cannot be written)."""
+
+    exit_code = 2
+
+
+class UsageError(XfalignError):
+    """Arguments that do not go together, or a value out of range."""
+
+
+class OutputError(XfalignError):
+    """An output (report, JSON, dump, golden) that cannot be written where asked: names the path and the
+    operating system's reason."""
+
+
+class SideCrashed(XfalignError):
+    """A side's worker crashed, was killed, exited before writing its dump, or timed out; the message
+    names the side and the cause and carries the tail of the worker's output."""
+
+    exit_code = 3
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached xfalign. A BaseException (as KeyboardInterrupt) so that no `except
+    Exception` swallows it; the runner kills the workers' process groups and removes its temporary
+    folder on the way out, and the CLI exits with 128 + the signal number (130, 143)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def safe_name(name: str) -> str:
+    """A name usable as one file or folder name: keeps [A-Za-z0-9._-], replaces anything else (brackets,
+    commas, '=', '/', spaces) with '_'; never empty, '.' or '..'."""
+    safe = _UNSAFE.sub("_", name)
+    return safe if safe.strip(".") else safe.replace(".", "_") or "_"

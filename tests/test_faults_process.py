@@ -1,0 +1,325 @@
+"""Faults and bad input, with real worker processes and real signals (no framework is mocked): exit
+codes, one-line messages, no traceback, no process of a worker's group left behind, no temporary folder
+left behind. Both sides are Paddle (cheap: no compilation); the second runs a user function that
+injects the fault."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL_WEIGHTED
+from harness.errors import safe_name
+
+SIDES = "  megatron: {framework: megatron, mode: compile}\n  paddle: {framework: paddle, impl: fp32_island}\n"
+assert SIDES in SMALL_WEIGHTED
+PAIR = (SMALL_WEIGHTED.replace(SIDES, "  ref: {framework: paddle, impl: fp32_island}\n"
+                                      "  user: {framework: paddle, impl: 'f.py:swiglu'}\n")
+        .replace("all: bitwise", "all: report"))
+# the same with 2 tokens: inputs and tensors of a few hundred bytes, meta.json of some KB
+TINY = PAIR.replace("[16, 64]", "[2, 64]").replace("[16, 1]", "[2, 1]").replace("[16, 32]", "[2, 32]")
+
+USER_FUNCTION = '''\
+import os, signal, subprocess, sys, time
+from pathlib import Path
+
+import paddle
+
+HERE = Path(__file__).parent
+
+
+def swiglu(x, bias, probs, options):
+    print("user function started", flush=True)
+    (HERE / "worker.pid").write_text(str(os.getpid()))
+{fault}
+    a, b = paddle.chunk(x.cast("float32"), 2, axis=-1)
+    return (paddle.nn.functional.silu(a) * b * probs).cast(x.dtype)
+'''
+HELPER = '''\
+helper = subprocess.Popen(["sleep", "1000"])
+(HERE / "helper.pid").write_text(str(helper.pid))
+'''
+
+
+def make_case(folder: Path, fault: str = "", text: str = PAIR, name: str = "case.yaml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "f.py").write_text(USER_FUNCTION.format(fault="\n".join(f"    {line}" for line in fault.splitlines())))
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def xfalign_env(tmp_path: Path) -> dict:
+    tmp = tmp_path / "tmp"  # the run's temporary folders go here, so the test can see they are removed
+    tmp.mkdir(exist_ok=True)
+    return dict(os.environ, TMPDIR=str(tmp))
+
+
+def xfalign(tmp_path: Path, *args, timeout: float = 180, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout, env=xfalign_env(tmp_path), **popen)
+
+
+def gone(pid: int, within: float = 5.0) -> bool:
+    """The process has exited (a zombie waiting for its reaper counts as exited)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def assert_one_error_line(done: subprocess.CompletedProcess, *fragments: str) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xfalign: error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in done.stdout + done.stderr
+    return lines[0]
+
+
+def assert_no_temp_left(tmp_path: Path) -> None:
+    assert [p.name for p in (tmp_path / "tmp").iterdir()] == []
+
+
+# --- cheap: usage and output paths, refused before any side runs --------------------------------------
+
+
+def test_safe_name():
+    assert safe_name("moe_combine[topk=1,dtype=bf16]") == "moe_combine_topk_1_dtype_bf16_"
+    assert safe_name("a/b c") == "a_b_c" and safe_name("x-1.2_y") == "x-1.2_y"
+    assert safe_name("..") == "__" and safe_name("") == "_"
+
+
+def test_timeout_resolution():
+    from types import SimpleNamespace
+
+    from harness.runner import DEFAULT_SIDE_TIMEOUT_S, side_timeout
+
+    assert DEFAULT_SIDE_TIMEOUT_S == 600
+    assert side_timeout(SimpleNamespace()) == 600  # a case without the field
+    assert side_timeout(SimpleNamespace(timeout=None)) == 600
+    assert side_timeout(SimpleNamespace(timeout=30)) == 30  # the case's
+    assert side_timeout(SimpleNamespace(timeout=30), 5) == 5  # --timeout wins
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "case.yaml", "--repeat", "0"], "--repeat must be >= 1 (got 0)"),
+    (["run", "case.yaml", "--repeat", "-2"], "--repeat must be >= 1 (got -2)"),
+    (["gate", "case.yaml", "--baseline", "b", "--repeat", "0"], "--repeat must be >= 1 (got 0)"),
+    (["run", "case.yaml", "--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["gate", "case.yaml", "--baseline", "b", "--update", "--timeout", "-5"], "--timeout must be"),
+    (["run", "case.yaml", "case.yaml"], "two cases named 'case': case.yaml is given twice"),
+    (["run", "case.yaml", "other/case.yaml"], "two cases named 'case': in case.yaml and in other/case.yaml"),
+])
+def test_usage_errors_exit_2_before_running(tmp_path, args, fragment):
+    make_case(tmp_path)
+    make_case(tmp_path / "other")
+    done = xfalign(tmp_path, *args)
+    assert done.returncode == 2
+    assert_one_error_line(done, fragment)
+    assert not (tmp_path / "worker.pid").exists() and not (tmp_path / "other" / "worker.pid").exists()
+
+
+@pytest.mark.parametrize("debug_first", [True, False])
+def test_debug_flag_before_or_after_the_command(tmp_path, debug_first):
+    make_case(tmp_path)
+    args = ["--debug", "run", "case.yaml", "--repeat", "0"] if debug_first else ["run", "case.yaml", "--repeat", "0", "--debug"]
+    done = xfalign(tmp_path, *args)
+    assert done.returncode == 2
+    assert "Traceback (most recent call last)" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "xfalign: error: --repeat must be >= 1 (got 0)"
+
+
+def test_internal_error_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    # an unexpected exception in xfalign itself (forced here in xfalign's own case loader)
+    from harness import cli
+
+    def broken(path):
+        raise RuntimeError("something xfalign did not expect\nsecond line")
+
+    monkeypatch.setattr(cli, "load_cases", broken)
+    assert cli.main(["run", str(make_case(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert err == ("xfalign: internal error: RuntimeError: something xfalign did not expect ... "
+                   "(run with --debug for the traceback)\n")
+    assert cli.main(["run", str(tmp_path / "case.yaml"), "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.strip().splitlines()[-1].startswith("xfalign: internal error: RuntimeError")
+
+
+def _unwritable_cases(tmp_path: Path) -> list[tuple[list, str]]:
+    (tmp_path / "plain_file").write_text("x")
+    (tmp_path / "a_folder").mkdir()
+    cases = [
+        (["run", "case.yaml", "--json", "plain_file/r.json"], "--json plain_file/r.json: plain_file is not a directory"),
+        (["run", "case.yaml", "--json", "a_folder"], "--json a_folder: is a directory, not a file"),
+        (["run", "case.yaml", "--html", "plain_file/deeper/r.html"], "--html plain_file/deeper/r.html: plain_file is not a directory"),
+        (["run", "case.yaml", "--html", "plain_file"], "--html plain_file: exists and is not a directory"),
+        (["run", "case.yaml", "--dump", "plain_file/d"], "--dump plain_file/d/ref: plain_file is not a directory"),
+        (["run", "case.yaml", "--side", "user", "--dump", "a_folder/../plain_file"], "exists and is not a directory"),
+        (["run", "case.yaml", "--side", "user", "--dump", "."], "--dump .: exists and is not an xfalign dump"),
+        (["gate", "case.yaml", "--baseline", "plain_file/b", "--update"], "--baseline plain_file/b: plain_file is not a directory"),
+        (["compare", "x", "y", "--json", "plain_file/r.json"], "--json plain_file/r.json"),
+        (["run", "case.yaml", "--json", "/proc/xfalign/r.json"], "--json /proc/xfalign/r.json: cannot write in /proc"),
+    ]
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    try:
+        (read_only / "probe").touch()  # root writes anyway: that variant is covered by the paths above
+        (read_only / "probe").unlink()
+    except PermissionError:
+        cases += [(["run", "case.yaml", "--json", "read_only/r.json"],
+                   "--json read_only/r.json: cannot write in read_only: Permission denied"),
+                  (["run", "case.yaml", "--html", "read_only/sub/r.html"], "cannot write in read_only: Permission denied")]
+    return cases
+
+
+def test_unwritable_outputs_refused_before_any_side_runs(tmp_path):
+    make_case(tmp_path)
+    for args, fragment in _unwritable_cases(tmp_path):
+        started = time.monotonic()
+        done = xfalign(tmp_path, *args)
+        elapsed = time.monotonic() - started
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert_one_error_line(done, fragment)
+        assert not (tmp_path / "worker.pid").exists(), args  # no side ran
+        assert elapsed < 15, (args, elapsed)  # Python start and the case check; a run starts two frameworks
+    assert (tmp_path / "plain_file").read_text() == "x" and [p.name for p in (tmp_path / "a_folder").iterdir()] == []
+    (tmp_path / "read_only").chmod(0o700)
+
+
+def test_write_error_while_writing_outputs_is_exit_2(tmp_path):
+    """A real write error after the checks passed (file size limit: EFBIG, as a full disk gives ENOSPC)."""
+    case = make_case(tmp_path, text=TINY)
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))  # inputs and tensors fit, meta.json does not
+
+    done = xfalign(tmp_path, "run", case, "--side", "ref", "--dump", "dumps/ref", preexec_fn=limit_file_size)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert_one_error_line(done, "cannot write the dump dumps/ref: File too large")
+    assert not (tmp_path / "dumps" / "ref").exists() and list((tmp_path / "dumps").iterdir()) == []  # no staging left
+    # a dump written without the limit, then a report that does not fit
+    assert xfalign(tmp_path, "run", case, "--side", "ref", "--dump", "dumps/ref").returncode == 0
+    done = xfalign(tmp_path, "compare", "dumps/ref", "dumps/ref", "--json", "out/r.json", "--html", "out",
+                   preexec_fn=limit_file_size)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert_one_error_line(done, "cannot write the JSON report out/r.json: File too large")
+    assert_no_temp_left(tmp_path)
+
+
+# --- side faults: a real worker crashes, exits early, hangs, leaves a helper ----------------------------
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("os.kill(os.getpid(), signal.SIGSEGV)", "side 'user' was killed by SIGSEGV (signal 11)"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "side 'user' was killed by SIGKILL (likely out of memory) (signal 9)"),
+    ("sys.exit(0)", "side 'user' exited before writing its dump (exit 0)"),
+    ("os._exit(1)", "side 'user' exited before writing its dump (exit 1)"),
+    ("raise ValueError('bad shapes in user code')", "side 'user' failed (exit 1): ValueError: bad shapes in user code"),
+])
+def test_side_fault_is_exit_3_naming_the_cause_with_output_tail(tmp_path, fault, expected):
+    case = make_case(tmp_path, HELPER + fault)
+    done = xfalign(tmp_path, "run", case)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    crash = [line for line in done.stdout.splitlines() if line.startswith("CRASH")]
+    assert len(crash) == 1 and crash[0].startswith(f"CRASH case: {expected}; last "), done.stdout
+    # the tail of the worker's output: what the user function printed, or the end of the traceback
+    assert ("  ValueError: bad shapes in user code" if "raise" in fault else "  user function started") in done.stdout
+    assert "xfalign: error" not in done.stderr and "Traceback" not in done.stderr
+    if "SIGSEGV" not in fault and "raise" not in fault:  # Paddle's own handler prints a "C++ Traceback"
+        assert "Traceback" not in done.stdout
+    assert "not a readable xfalign dump" not in done.stdout + done.stderr
+    assert gone(int((tmp_path / "worker.pid").read_text()), within=0.5)
+    assert gone(int((tmp_path / "helper.pid").read_text())), "a helper of the crashed worker was left running"
+    assert_no_temp_left(tmp_path)
+
+
+def test_side_that_exits_early_is_not_mistaken_for_an_old_dump(tmp_path):
+    """--side into a folder that holds an earlier dump: a worker that exits 0 without writing is reported
+    as such; the earlier dump is neither read as this run's nor reported as unreadable."""
+    case = make_case(tmp_path)
+    assert xfalign(tmp_path, "run", case, "--side", "user", "--dump", "d").returncode == 0
+    make_case(tmp_path, "sys.exit(0)")
+    done = xfalign(tmp_path, "run", case, "--side", "user", "--dump", "d")
+    assert done.returncode == 3
+    assert "CRASH case: side 'user' exited before writing its dump (exit 0)" in done.stdout
+    assert "dumped" not in done.stdout and "not a readable" not in done.stdout + done.stderr
+
+
+def test_timeout_kills_the_side_and_its_group(tmp_path):
+    case = make_case(tmp_path, HELPER + "time.sleep(1000)")
+    started = time.monotonic()
+    done = xfalign(tmp_path, "run", case, "--timeout", "5")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "CRASH case: side 'user' timed out after 5 s; last 1 lines of its output:\n  user function started" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert 5 <= elapsed < 60
+    assert gone(int((tmp_path / "worker.pid").read_text()), within=0.5)
+    assert gone(int((tmp_path / "helper.pid").read_text()))
+    assert_no_temp_left(tmp_path)
+
+
+def test_helper_left_by_user_code_does_not_hold_the_run_open(tmp_path):
+    """The user function starts `sleep 1000` (which inherits the worker's stdout and stderr) and returns:
+    the run ends when the worker does, and the helper is killed with the worker's group."""
+    case = make_case(tmp_path, HELPER)
+    done = xfalign(tmp_path, "run", case, "--json", "r.json", timeout=120)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "PASS case" in done.stdout and (tmp_path / "r.json").is_file()
+    assert gone(int((tmp_path / "helper.pid").read_text()))
+    assert_no_temp_left(tmp_path)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_to_xfalign_kills_the_workers_and_removes_the_temp_folder(tmp_path, signum, code):
+    case = make_case(tmp_path, HELPER + "time.sleep(1000)")
+    process = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(case)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=xfalign_env(tmp_path))
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "helper.pid").exists():  # the worker is inside the user function
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the worker never reached the user function"
+            time.sleep(0.1)
+        worker, helper = (int((tmp_path / f"{name}.pid").read_text()) for name in ("worker", "helper"))
+        assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("xfalign-")]  # the run's folder
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == code, (out, err)
+    assert err.strip().splitlines() == [f"xfalign: interrupted by {signal.Signals(signum).name}"]
+    assert gone(worker, within=0.5) and gone(helper)
+    assert_no_temp_left(tmp_path)
+
+
+def test_several_cases_dump_into_safe_folder_names(tmp_path):
+    sweep = PAIR.replace("seed: 3\n", "seed: 3\nsweep:\n  seed: [1, 2]\n")
+    case = make_case(tmp_path, text=sweep, name="sw.yaml")
+    done = xfalign(tmp_path, "run", case, "--dump", "dumps", "--html", "html")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    folders = sorted(p.name for p in (tmp_path / "dumps").iterdir())
+    assert len(folders) == 2 and all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in folders), folders
+    for folder in folders:
+        assert sorted(p.name for p in (tmp_path / "dumps" / folder).iterdir()) == ["ref", "user"]
+        assert (tmp_path / "dumps" / folder / "user" / "meta.json").is_file()
