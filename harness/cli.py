@@ -22,9 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 from safetensors import SafetensorError
 
+from harness.inputs import DEFAULT_MAX_INPUT_GIB, check_input_size
 from harness.case import load_cases
 from harness.compare import compare_dumps
-from harness.dump import META_FILE, Dump
+from harness.dump import Dump, DumpError, check_dump_target
 from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
 from harness.gate import Golden, baseline_dir, check, describe_update, missing_class_message
 from harness.reports.html import write_reports
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, help="write the full comparison as JSON")
     run.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
+    run.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
+                      help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
     gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
     gate.add_argument("cases", nargs="+", type=Path, help="YAML case files")
     gate.add_argument("--baseline", type=Path, required=True,
@@ -63,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--json", type=Path, help="write the full comparisons as JSON")
     gate.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     gate.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
+    gate.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
+                      help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
     compare = commands.add_parser("compare", help="compare two dumps made anywhere")
     compare.add_argument("dump_a", type=Path)
     compare.add_argument("dump_b", type=Path)
@@ -104,7 +109,7 @@ def _plan_dumps(cases, args) -> dict[str, dict[str, Path] | None]:
     return plan
 
 
-def _load_all(paths: list[Path]) -> list:
+def _load_all(paths: list[Path], max_input_gib: float = DEFAULT_MAX_INPUT_GIB) -> list:
     """Every case (and sweep point) of every file, all validated before any runs; two cases with one name
     (their reports, dumps and goldens would overwrite each other) are refused."""
     cases, seen = [], {}
@@ -117,6 +122,7 @@ def _load_all(paths: list[Path]) -> list:
                 raise UsageError(f"two cases named {case.name!r}: {where} (case names must be unique in a run; "
                                  f"set `name:` in one of them)")
             seen[case.name] = path
+            check_input_size(case, max_input_gib)  # before anything runs or allocates
             cases.append(case)
     return cases
 
@@ -153,18 +159,12 @@ def _check_reports(args) -> None:
 
 
 def _check_dumps(plan: dict[str, dict[str, Path] | None]) -> None:
-    """Each dump folder is written by renaming a staging folder made beside it into place, replacing
-    what is there: refuse a folder that exists and is not an xfalign dump."""
+    """Each dump folder is swapped in for what is there (harness.dump.check_dump_target says what may
+    be replaced: nothing xfalign did not write, no other side's dump); checked before any side runs."""
     for folders in plan.values():
-        for folder in (folders or {}).values():
+        for side, folder in (folders or {}).items():
             _check_output(folder, "--dump", "dir", write_in=folder.parent)
-            try:
-                foreign = folder.is_dir() and any(folder.iterdir()) and not (folder / META_FILE).is_file()
-            except OSError as error:
-                raise OutputError(f"--dump {folder}: cannot read it: {error.strerror or error}") from None
-            if foreign:
-                raise OutputError(f"--dump {folder}: exists and is not an xfalign dump (no {META_FILE}); "
-                                  f"refusing to replace it")
+            check_dump_target(folder, side, label="--dump")
 
 
 def _check_run_options(args) -> None:
@@ -212,13 +212,13 @@ def _write_outputs(args, comparisons, console: Console) -> None:
     console.print(f"HTML report: {written}", highlight=False, markup=False)
 
 
-def _run_each(cases, console: Console, crashed: list[str], repeat: int, numerics: str | None,
-              timeout: float | None, dump_dirs=lambda case: None):
+def _run_each(cases, console: Console, crashed: list[str], args, dump_dirs=lambda case: None):
     """Run the cases one by one, yielding each run; a crashed side is printed and noted in `crashed`."""
     for case in cases:
         try:
             with console.status(f"running {escape(case.name)} ..."):
-                run = run_case(case, dump_dirs(case), repeat=repeat, numerics=numerics, timeout=timeout)
+                run = run_case(case, dump_dirs(case), repeat=args.repeat, numerics=args.numerics,
+                               timeout=args.timeout, max_input_gib=args.max_input_gib)
         except SideCrashed as error:
             console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(error))}", highlight=False)
             crashed.append(case.name)
@@ -228,13 +228,13 @@ def _run_each(cases, console: Console, crashed: list[str], repeat: int, numerics
 
 def cmd_run(args, console: Console) -> int:
     _check_run_options(args)
-    cases = _load_all(args.cases)
+    cases = _load_all(args.cases, args.max_input_gib)
     plan = _plan_dumps(cases, args)
     _check_dumps(plan)
     if not args.side:  # one side: nothing compared, no report written
         _check_reports(args)
     comparisons, crashed = [], []
-    for run in _run_each(cases, console, crashed, args.repeat, args.numerics, args.timeout, lambda case: plan[case.name]):
+    for run in _run_each(cases, console, crashed, args, lambda case: plan[case.name]):
         if run.comparison is None:
             for side, path in plan[run.case.name].items():
                 print_side_dump(run.case_id, side, run.dumps[side], path, console)
@@ -253,7 +253,7 @@ def cmd_gate(args, console: Console) -> int:
     if args.only_failing and not args.update:
         raise UsageError("--only-failing goes with --update")
     _check_run_options(args)
-    cases = _load_all(args.cases)
+    cases = _load_all(args.cases, args.max_input_gib)
     _check_reports(args)
     if args.update:
         _check_output(args.baseline, "--baseline", "dir")
@@ -263,22 +263,36 @@ def cmd_gate(args, console: Console) -> int:
             environment_class = class_of(case, args.numerics)
             if not baseline_dir(args.baseline, environment_class).is_dir():
                 raise UsageError(missing_class_message(args.baseline, environment_class, [str(p) for p in args.cases]))
-    for run in _run_each(cases, console, crashed, args.repeat, args.numerics, args.timeout):
-        baseline = baseline_dir(args.baseline, run.environment_class)
-        print_comparison(run.comparison, console)
-        comparisons.append(run.comparison)
-        golden = Golden.read(baseline, run.case_id)
-        result = check(run, golden)
-        if args.update and (not args.only_failing or result.golden_problems):
-            new = Golden.from_run(run)
-            with _writing(baseline, "the golden in"):
-                new.write(baseline, with_arrays=not args.digests_only)
-            console.print(f"golden {run.case_id}: {describe_update(golden, new)}", highlight=False, markup=False)
-            result = check(run, Golden.read(baseline, run.case_id))
-        print_gate_result(result, console)
-        gate_status[run.case_id] = run.comparison.status if result.passed else "fail"
-        if not result.passed:
-            failed.append(run.case_id)
+    written = []  # goldens in place, in order: said as each is written, and in sum even when interrupted
+    try:
+        for run in _run_each(cases, console, crashed, args):
+            baseline = baseline_dir(args.baseline, run.environment_class)
+            print_comparison(run.comparison, console)
+            comparisons.append(run.comparison)
+            try:
+                golden = Golden.read(baseline, run.case_id)
+            except DumpError as error:  # unreadable or corrupt: exit 2, or with --update rewritten
+                if not args.update:
+                    raise
+                console.print(f"golden {run.case_id}: unreadable, rewriting it ({error})", highlight=False, markup=False)
+                golden = None
+            result = check(run, golden)
+            if args.update and (not args.only_failing or result.golden_problems):
+                new = Golden.from_run(run)
+                with _writing(baseline, "the golden in"):
+                    path = new.write(baseline, with_arrays=not args.digests_only)
+                written.append(run.case_id)
+                console.print(f"golden {run.case_id}: {describe_update(golden, new)} (wrote {path})",
+                              highlight=False, markup=False)
+                result = check(run, Golden.read(baseline, run.case_id))
+            print_gate_result(result, console)
+            gate_status[run.case_id] = run.comparison.status if result.passed else "fail"
+            if not result.passed:
+                failed.append(run.case_id)
+    finally:
+        if args.update:
+            names = f": {', '.join(written)}" if 0 < len(written) < len(cases) else ""
+            console.print(f"goldens written: {len(written)} of {len(cases)}{names}", highlight=False, markup=False)
     _print_sweep_summaries(cases, gate_status, console)
     _write_outputs(args, comparisons, console)
     console.print(f"gate: {len(cases) - len(failed) - len(crashed)} passed, {len(failed)} failed"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,8 +11,9 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from harness.atomic import file_mode, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
 from harness.digest import Digest, digests_of, verify
-from harness.errors import XfalignError
+from harness.errors import OutputError, XfalignError, safe_name
 
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
@@ -28,6 +27,56 @@ class DumpError(XfalignError):
 class IntegrityError(DumpError):
     """Stored tensors whose bytes, dtype or shape do not match the digests recorded with them: a
     corrupt or edited dump (or golden)."""
+
+
+class DumpTargetError(OutputError, FileExistsError):
+    """A folder a dump may not be written to, because writing would replace what xfalign did not write
+    or another side's dump (exit 2). Also an OSError, so that a worker reports it as an output error."""
+
+
+def _dump_meta(folder: Path) -> dict | None:
+    """The metadata of the xfalign dump at `folder`, or None if it holds none."""
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and str(meta.get("format", "")).startswith("xfalign-dump/") else None
+
+
+def check_dump_target(path: str | Path, side: str | None = None, label: str = "dump") -> None:
+    """Raise DumpTargetError (naming the path) unless a dump of `side` may be written at `path`: the path
+    does not exist, is an empty folder, or is an xfalign dump (of `side`, when given). A folder that holds
+    other sides' dumps (DIR/<side>), anything else, a symbolic link and a folder inside a dump are refused.
+    Touches nothing."""
+    path = Path(path)
+    where = f"{label} {path}".strip()
+    if path.parent != path and _dump_meta(path.parent) is not None:
+        raise DumpTargetError(f"{where}: is inside the xfalign dump {path.parent}; refusing to write there")
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink():
+        raise DumpTargetError(f"{where}: is a symbolic link; refusing to replace it (give the folder it points to)")
+    if not path.is_dir():
+        raise DumpTargetError(f"{where}: exists and is not a directory")
+    try:
+        entries = sorted(path.iterdir())
+    except OSError as error:
+        raise DumpTargetError(f"{where}: cannot read it: {error.strerror or error}") from None
+    if not entries:
+        return
+    meta = _dump_meta(path)
+    if meta is not None:
+        if side is not None and meta.get("side") != side:
+            raise DumpTargetError(f"{where}: holds the dump of side {meta.get('side')!r}, not {side!r}; refusing to "
+                                  f"replace another side's dump (give another folder, e.g. "
+                                  f"{path.parent / safe_name(side)})")
+        return
+    inner = [entry for entry in entries if entry.is_dir() and _dump_meta(entry) is not None]
+    if inner:
+        hint = f" (give --dump {path / safe_name(side)} to write this side beside them)" if side else ""
+        raise DumpTargetError(f"{where}: holds the xfalign dumps {', '.join(e.name for e in inner)}; refusing "
+                              f"to replace them{hint}")
+    raise DumpTargetError(f"{where}: exists and is not an xfalign dump (no {META_FILE}); refusing to replace it")
 
 
 @dataclass
@@ -56,22 +105,30 @@ class Dump:
         return {name: len(set(md5s)) for name, md5s in self.meta.get("repeats", {}).items() if len(set(md5s)) > 1}
 
     def write(self, directory: str | Path) -> Path:
+        """Write the dump at `directory` (see `check_dump_target` for what may be there already). It is
+        made complete in a staging folder beside it, then swapped in (harness.atomic.replace_dir): at
+        every instant the old complete dump or the new one is at the path."""
         directory = Path(directory)
+        check_dump_target(directory, self.meta.get("side"))
         directory.parent.mkdir(parents=True, exist_ok=True)
         digests = digests_of(self.tensors)  # MD5 and XXH3, hashed in parallel threads
         meta = dict(self.meta, format=FORMAT,
                     tensors=[{"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors])
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        staging = staging_dir(directory)
         try:
             save_file({name: np.ascontiguousarray(a) for name, a in self.tensors.items()}, staging / TENSORS_FILE)
-            (staging / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-            if directory.exists():
-                retired = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-                directory.rename(retired)
-                shutil.rmtree(retired)
-            staging.rename(directory)
+            with open(staging / META_FILE, "w") as handle:
+                handle.write(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            for name in (TENSORS_FILE, META_FILE):
+                os.chmod(staging / name, file_mode())  # safetensors makes 0600
+            fsync_file(staging / TENSORS_FILE)
+            fsync_dir(staging)
+            pause("dump-staged")
+            replace_dir(staging, directory)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)  # the new dump not swapped in, or the old one swapped out
             raise
         self.meta = meta
         return directory

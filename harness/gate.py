@@ -2,24 +2,40 @@
 
 A golden is `<case>.golden.yaml` (per-tensor digests of both sides, input digests, an environment
 fingerprint per side; no timestamps, no paths), readable in a review diff, plus
-`<case>.golden.safetensors` with the tensors themselves, which lets drift be measured in ULP. The
-tensor file is optional (`--digests-only`): without it drift is reported by digest alone.
+`<case>.golden.<hash>.safetensors` with the tensors themselves, which lets drift be measured in ULP;
+`<hash>` is the first 12 hex digits of the SHA-256 of the file's bytes and the YAML names the file
+(`values:`). The tensor file is optional (`--digests-only`, `values: null`): without it drift is
+reported by digest alone. `<case>` is the case id made a safe file name (`safe_name`: sweep ids' `[ ] , =`
+become `_`).
+
+A golden is written as a unit: the values file under its new name, then the YAML replaced in one step,
+then the case's other values files removed; readers follow the YAML's reference, so the YAML and the
+values it names always agree. Writers of one folder take turns (an flock on the folder). Goldens of the
+earlier layout (file names made of the raw case id, a fixed `<case>.golden.safetensors`, no `values:`)
+are still read; the next update rewrites them in this layout.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import yaml
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from harness.atomic import fsync_dir, pause, stage_file, write_atomic
 from harness.compare import difference_text, failure_text, pair_tensors
-from harness.digest import Digest
+from harness.digest import Digest, verify
+from harness.dump import DumpError, IntegrityError
+from harness.errors import OutputError, XfalignError, safe_name
 from harness.fingerprint import differences
-from harness.files import write_text_atomic
 from harness.runner import CaseRun
 
 _DIGEST_LINE = re.compile(r"^(\w+) \[([\d, ]*)\] ([0-9a-f]{32})$")
@@ -35,6 +51,74 @@ def _parse_digest(text: str) -> Digest:
         raise ValueError(f"not a digest line: {text!r}")
     shape = tuple(int(n) for n in match[2].split(",") if n.strip())
     return Digest(match[1], shape, match[3])
+
+
+class GoldenError(DumpError):
+    """A golden that cannot be read: an unreadable or malformed YAML, a values file it names that is
+    missing (exit 2; `gate --update` rewrites it)."""
+
+
+class GoldenMismatch(XfalignError):
+    """A golden file that holds another case's golden (two case ids that make one file name)."""
+
+
+_UNSET = object()
+_VALUES_FILE = re.compile(r"^(?P<stem>.+)\.golden\.[0-9a-f]{12}\.safetensors$")
+
+
+def _legacy_stem(case_id: str) -> str | None:
+    """The raw case id, as goldens were named before, where it differs from the safe name and is one
+    file name."""
+    if case_id == safe_name(case_id) or "/" in case_id or "\0" in case_id or case_id in (".", ".."):
+        return None
+    return case_id
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _locked(directory: Path):
+    """Writers of goldens in one folder take turns (readers need no lock)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove_stale(directory: Path, stem: str, legacy: str | None, keep: str | None) -> None:
+    """The case's values files other than `keep`, its earlier-layout files, and staging files left by a
+    killed writer (every writer stages while it holds the lock, so none is in use). Best effort."""
+    names = [f"{stem}.golden.safetensors"]
+    if legacy:
+        names += [f"{legacy}.golden.yaml", f"{legacy}.golden.safetensors"]
+    staging = re.compile(rf"^\.{re.escape(stem)}\.golden\.(yaml|safetensors)\.[^./]+\.tmp$")
+    try:
+        for path in directory.iterdir():
+            match = _VALUES_FILE.match(path.name)
+            if ((match and match["stem"] == stem and path.name != keep) or path.name in names
+                    or staging.match(path.name)):
+                path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _changed(path: Path, text: str) -> bool:
+    try:
+        return path.read_text() != text
+    except OSError:
+        return True
 
 
 @dataclass
@@ -56,9 +140,11 @@ class Golden:
             {f"{side}/{name}": array for side, dump in run.dumps.items() for name, array in dump.tensors.items()},
         )
 
-    def to_yaml(self) -> str:
+    def to_yaml(self, values: str | None = None) -> str:
+        """The YAML; `values` is the name of the values file it goes with (None: digests only)."""
         data = {
             "case": self.case,
+            "values": values,
             "inputs": {name: _digest_text(d) for name, d in self.inputs.items()},
             "sides": {side: {"environment": self.environment[side],
                              "tensors": {name: _digest_text(d) for name, d in tensors.items()}}
@@ -68,42 +154,116 @@ class Golden:
         return header + yaml.safe_dump(data, sort_keys=False, width=120)
 
     @staticmethod
-    def paths(directory: Path, case_id: str) -> tuple[Path, Path]:
-        return directory / f"{case_id}.golden.yaml", directory / f"{case_id}.golden.safetensors"
+    def _text_path(directory: Path, case_id: str) -> Path:
+        """`<safe name>.golden.yaml`; else the earlier layout's `<case id>.golden.yaml` where only it exists."""
+        path = directory / f"{safe_name(case_id)}.golden.yaml"
+        legacy = _legacy_stem(case_id)
+        if legacy and not path.exists() and (directory / f"{legacy}.golden.yaml").exists():
+            return directory / f"{legacy}.golden.yaml"
+        return path
 
-    def write(self, directory: Path, with_arrays: bool = True) -> None:
-        text_path, array_path = self.paths(directory, self.case)
-        directory.mkdir(parents=True, exist_ok=True)
-        if with_arrays and self.arrays is not None:
-            staging = array_path.with_name(f".{array_path.name}.tmp")
-            save_file(self.arrays, staging)
-            staging.replace(array_path)
-        else:
-            array_path.unlink(missing_ok=True)
-        write_text_atomic(text_path, self.to_yaml())
+    @classmethod
+    def paths(cls, directory: Path, case_id: str) -> tuple[Path, Path]:
+        """The golden's YAML file and the values file it names now (the earlier layout's
+        `<case>.golden.safetensors` where it names none); for a case with no golden, the YAML file a new
+        one gets."""
+        text_path = cls._text_path(Path(directory), case_id)
+        fixed = text_path.with_name(text_path.name[: -len(".yaml")] + ".safetensors")
+        try:
+            reference = yaml.safe_load(text_path.read_text()).get("values")
+        except (OSError, ValueError, yaml.YAMLError, AttributeError):
+            return text_path, fixed
+        return text_path, text_path.parent / reference if isinstance(reference, str) else fixed
+
+    def write(self, directory: Path, with_arrays: bool = True) -> Path:
+        """Write the golden as a unit (see the module's note); returns the YAML file. An OSError (no
+        permission, disk full) is an OutputError naming the file; what was there before stays intact."""
+        directory = Path(directory)
+        stem = safe_name(self.case)
+        text_path = directory / f"{stem}.golden.yaml"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with _locked(directory):
+                values = None
+                if with_arrays and self.arrays is not None:
+                    values = self._write_values(directory, stem)
+                    pause("golden-values-written")
+                write_atomic(text_path, self.to_yaml(values))
+                pause("golden-yaml-replaced")
+                _remove_stale(directory, stem, _legacy_stem(self.case), keep=values)
+        except (OSError, SafetensorError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else _one_line(error)
+            raise OutputError(f"cannot write the golden {text_path}: {reason}") from None
+        return text_path
+
+    def _write_values(self, directory: Path, stem: str) -> str:
+        """The values file, complete under a unique staging name, then renamed to its content's name."""
+        staging = stage_file(directory, f"{stem}.golden.safetensors", lambda path: save_file(self.arrays, path))
+        try:
+            name = f"{stem}.golden.{_sha256(staging)[:12]}.safetensors"
+            os.replace(staging, directory / name)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+        fsync_dir(directory)
+        return name
+
+    @classmethod
+    def _parse(cls, text: str, text_path: Path, case_id: str) -> tuple[Golden, Path | None]:
+        """The golden in `text`, and the values file to read with it (None: none)."""
+        try:
+            data = yaml.safe_load(text)
+            golden = cls(
+                data["case"],
+                {name: _parse_digest(t) for name, t in (data["inputs"] or {}).items()},
+                {side: entry["environment"] for side, entry in data["sides"].items()},
+                {side: {name: _parse_digest(t) for name, t in entry["tensors"].items()} for side, entry in data["sides"].items()},
+                None,
+            )
+            reference = data.get("values", _UNSET)
+        except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as error:
+            raise GoldenError(f"{text_path}: not a readable golden ({type(error).__name__}: {_one_line(error)})") from None
+        if golden.case != case_id:
+            raise GoldenMismatch(f"{text_path}: holds the golden of case {golden.case!r}, not {case_id!r} "
+                                 "(two case names that make one file name: rename one)")
+        if reference is _UNSET:  # the earlier layout: a fixed name, optional
+            fixed = text_path.with_name(text_path.name[: -len(".yaml")] + ".safetensors")
+            return golden, fixed if fixed.exists() else None
+        if reference is None:
+            return golden, None
+        if not isinstance(reference, str) or Path(reference).name != reference or not reference.endswith(".safetensors"):
+            raise GoldenError(f"{text_path}: values: {reference!r} is not a values file name")
+        return golden, text_path.parent / reference
 
     @classmethod
     def read(cls, directory: Path, case_id: str) -> Golden | None:
-        text_path, array_path = cls.paths(directory, case_id)
-        if not text_path.exists():
-            return None
-        data = yaml.safe_load(text_path.read_text())
-        golden = cls(
-            data["case"],
-            {name: _parse_digest(text) for name, text in data["inputs"].items()},
-            {side: entry["environment"] for side, entry in data["sides"].items()},
-            {side: {name: _parse_digest(t) for name, t in entry["tensors"].items()} for side, entry in data["sides"].items()},
-            None,
-        )
-        if array_path.exists():  # the values must be those the digests (MD5, as in the YAML) describe
-            from safetensors import SafetensorError
-
-            from harness.digest import verify
-            from harness.dump import IntegrityError
+        """The golden of `case_id`, its values checked against its digests; None if there is none. A
+        GoldenError or IntegrityError (both DumpErrors, exit 2) names the file that cannot be read. A
+        writer replacing the golden meanwhile makes it read again."""
+        directory = Path(directory)
+        for _ in range(10):
+            text_path = cls._text_path(directory, case_id)
+            try:
+                text = text_path.read_text()
+            except FileNotFoundError:
+                if cls._text_path(directory, case_id) != text_path:
+                    continue  # moved from the earlier layout's name meanwhile
+                return None
+            except (OSError, UnicodeDecodeError) as error:
+                reason = error.strerror if isinstance(error, OSError) and error.strerror else _one_line(error)
+                raise GoldenError(f"{text_path}: cannot read it: {reason}") from None
+            golden, array_path = cls._parse(text, text_path, case_id)
+            if array_path is None:
+                return golden
             try:
                 golden.arrays = load_file(array_path)
+            except FileNotFoundError:
+                if _changed(text_path, text):
+                    continue  # replaced by a writer after it was read: read the new one
+                raise GoldenError(f"{array_path}: missing (named by {text_path.name})") from None
             except (OSError, ValueError, SafetensorError) as error:
                 raise IntegrityError(f"{array_path}: not a readable safetensors file ({error})") from None
+            # the values must be those the digests (MD5, as in the YAML) describe
             digests = {f"{side}/{name}": d for side, tensors in golden.tensors.items() for name, d in tensors.items()}
             unknown = [key for key in golden.arrays if key not in digests]
             if unknown:
@@ -112,7 +272,8 @@ class Golden:
             if corrupt:
                 raise IntegrityError(f"{array_path}: tensor {corrupt[0]}: bytes do not match the golden's digest "
                                      "(corrupt or edited golden)")
-        return golden
+            return golden
+        raise GoldenError(f"{cls._text_path(directory, case_id)}: replaced while being read, again and again")
 
 
 def baseline_dir(root: Path, environment_class: str) -> Path:

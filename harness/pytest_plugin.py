@@ -114,10 +114,28 @@ class CaseFile(pytest.File):
 
         try:
             cases = load_cases(self.path)
-        except CaseError as error:  # one collection error, its message one line: no traceback
-            raise self.CollectError(str(error)) from None
+        except CaseError as error:  # one failing item with the one-line message; other files still run
+            yield BrokenCase.from_parent(self, name=self.path.name, message=str(error))
+            return
         for case in cases:  # one item per sweep point
             yield CaseItem.from_parent(self, name=case.name, case=case)
+
+
+class BrokenCase(pytest.Item):
+    """A case file that does not load: it fails with its one-line message."""
+
+    def __init__(self, *, message: str, **kwargs):
+        super().__init__(**kwargs)
+        self.message = message
+
+    def runtest(self):
+        raise CaseFailed(self.message)
+
+    def repr_failure(self, excinfo, style=None):
+        return self.message
+
+    def reportinfo(self):
+        return self.path, None, f"xfalign case file {self.path.name}"
 
 
 class CaseItem(pytest.Item):

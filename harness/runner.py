@@ -222,7 +222,8 @@ def class_of(case: Case, numerics: str | None = None) -> str:
 
 
 def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int = 1,
-             numerics: str | None = None, timeout: float | None = None) -> CaseRun:
+             numerics: str | None = None, timeout: float | None = None,
+             max_input_gib: float | None = None) -> CaseRun:
     """Run the sides named in dump_dirs (each dumped there), or both sides into a temporary folder.
     With repeat > 1 each side runs the op that many times in its worker and records every digest.
     `numerics` names a profile that replaces the case's; `timeout` (seconds per side) the case's."""
@@ -237,7 +238,7 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
         dump_dirs = dump_dirs or {side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)}
         inputs_file = workdir / "inputs.safetensors"
         try:
-            write_inputs(generate_inputs(case), inputs_file)
+            write_inputs(generate_inputs(case, max_input_gib), inputs_file)
         except OSError as error:
             raise OutputError(f"cannot write the inputs in {workdir}: {error.strerror}") from None
         jobs = [{"case": case.to_json(), "source": case.source, "side": side,

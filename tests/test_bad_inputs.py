@@ -467,14 +467,17 @@ def test_cuda_without_gpu_is_not_available_not_a_crash(write_case, capsys):
 
 # --- 3. the pytest plugin -------------------------------------------------------------------------
 
-def test_broken_case_file_is_one_collection_error_and_others_are_collected(pytester):
+def test_broken_case_file_is_one_failed_item_and_others_are_collected(pytester):
     pytester.makefile(".yaml", good=SMALL_WEIGHTED, broken=SMALL_WEIGHTED.replace("seed: 3", "seed: 3\nseed: 4"),
                       unparsable=SMALL_WEIGHTED.replace("[16, 64]", "[16, 64"), unrelated="just: a yaml file\n")
     (pytester.path / "latin1.yaml").write_bytes(b"# caf\xe9\n" + SMALL_WEIGHTED.encode())
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q")
-    result.assert_outcomes(errors=3)
+    collected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q").stdout.str()
+    assert "good.yaml::good" in collected and "unrelated" not in collected
+    for name in ("broken", "unparsable", "latin1"):
+        assert f"{name}.yaml::{name}.yaml" in collected
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "broken.yaml", "unparsable.yaml", "latin1.yaml")
+    result.assert_outcomes(failed=3)
     text = result.stdout.str()
-    assert "good.yaml::good" in text and "unrelated" not in text
     assert "broken.yaml:4: seed: duplicate key 'seed' (first at line 3)" in text
     assert "unparsable.yaml:5: (yaml): " in text
     assert "latin1.yaml:1: (file): not UTF-8 text" in text

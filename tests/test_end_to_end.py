@@ -89,8 +89,8 @@ def test_megatron_mode_is_applied(write_case, tmp_path):
     ).replace("all: bitwise", "all: report"))
     code, result = run_json(["run", str(path)], tmp_path)
     assert code == 0
-    assert result["sides"]["b"]["environment"]["flags"]["TORCHDYNAMO_DISABLE"] == "1"
-    assert "TORCHDYNAMO_DISABLE" not in result["sides"]["a"]["environment"]["flags"]
+    assert result["sides"]["b"]["environment"]["env.TORCHDYNAMO_DISABLE"] == "1"
+    assert "env.TORCHDYNAMO_DISABLE" not in result["sides"]["a"]["environment"]
     assert not result["tensors"][0]["bitwise"]
 
 

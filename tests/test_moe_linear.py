@@ -142,3 +142,17 @@ def test_per_point_expectations(write_case):
     with pytest.raises(CaseError) as info:
         load_cases(bad)
     assert str(info.value) == f"{bad}:{line}: expect.points.rows=65: no sweep point 'rows=65' in this sweep"
+
+
+def test_golden_inputs_come_from_every_side_even_when_the_first_is_not_available(write_case):
+    """The Paddle side (first here) cannot run fused_linear on CPU: the golden still records the inputs
+    the Megatron side consumed, so the gate's input check stays on."""
+    from harness.case import load_case
+    from harness.gate import Golden
+    from harness.runner import run_case
+
+    text = LINEAR.replace("  megatron: {framework: megatron}\n  paddle: {framework: paddle, impl: matmul_add}",
+                          "  paddle: {framework: paddle, impl: fused_linear}\n  megatron: {framework: megatron}")
+    run = run_case(load_case(write_case(text)))
+    assert run.comparison.status == "n/a"
+    assert set(Golden.from_run(run).inputs) == {"x", "weight", "bias", "grad_out"}

@@ -21,11 +21,12 @@ def test_golden_check_included(pytester):
     assert "no golden yet" in result.stdout.str()
 
 
-def test_bad_case_is_a_collection_error_with_file_line_field(pytester):
-    pytester.makefile(".yaml", bad=REPORT_ONLY.replace("impl: fp32_island", "impl: nope"))
+def test_bad_case_is_one_failed_item_with_file_line_field_and_the_others_run(pytester):
+    pytester.makefile(".yaml", bad=REPORT_ONLY.replace("impl: fp32_island", "impl: nope"), good=REPORT_ONLY)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(failed=1, passed=1)
     assert "bad.yaml:10: sides.paddle.impl: unknown paddle implementation 'nope'" in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
 
 
 def test_cuda_case_is_skipped_without_gpu(pytester):

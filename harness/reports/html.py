@@ -12,7 +12,7 @@ from jinja2 import Environment, PackageLoader
 
 from harness.compare import CaseComparison, TensorPair
 from harness.dtypes import to_numpy_dtype
-from harness.files import write_text_atomic
+from harness.atomic import write_text_atomic
 from harness.metrics import ULP_BUCKETS
 from harness.reports.text import (NOT_MEASURED, abs_text, classes_text, expectation_text, index_title, rel_text,
                                   status_label, summary_text, ulp_text, verdict_text)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from harness.compare import CaseComparison, TensorPair
-from harness.files import write_text_atomic
+from harness.atomic import write_text_atomic
 from harness.reports.text import expectation_text, finite_or_text, verdict_text
 
 FORMAT = "xfalign-report/1"
