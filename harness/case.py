@@ -133,6 +133,7 @@ class Case(Strict):
     options: dict[str, Any] = {}
     device: Literal["cpu", "cuda"] = "cpu"
     numerics: str | None = None  # a profile in configs/numerics/ (default portable-avx2) or a path to one
+    timeout: float | None = Field(None, gt=0)  # seconds per side (default 600; --timeout overrides)
     seed: NonNegativeInt = 0
     inputs: dict[str, InputSpec]
     sides: dict[str, SideSpec]

@@ -208,7 +208,7 @@ def _wait(workers: list[_Worker], timeout: float) -> None:
 def side_timeout(case: Case, timeout: float | None = None) -> float:
     """Seconds each side may run: the command line's, else the case's `timeout`, else the default."""
     if timeout is None:
-        timeout = getattr(case, "timeout", None)
+        timeout = case.timeout
     return float(timeout) if timeout is not None else float(DEFAULT_SIDE_TIMEOUT_S)
 
 

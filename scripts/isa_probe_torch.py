@@ -1,4 +1,12 @@
-"""torch CPU bits under ISA caps, with and without the xfalign portable profile knobs."""
+"""torch CPU bits under ISA caps, with and without the pins of the portable-avx2 numerics profile.
+
+    TAG=name [PIN=1] [SIMDLEN=256] [NOCOMPILE=1] [ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ...] \
+        python3 scripts/isa_probe_torch.py
+
+Prints the MD5 (first 8 hex) of a bf16 GEMM and its two gradients, an fp32 GEMM and a torch.compile'd
+row reduction. PIN=1 disables oneDNN and uses one thread; SIMDLEN sets inductor's vector width.
+scripts/isa_probe_matrix.sh runs it under every cap, pinned and not.
+"""
 import os, sys, hashlib, numpy as np, torch
 if os.environ.get("SIMDLEN"):
     import torch._inductor.config as ic; ic.cpp.simdlen = int(os.environ["SIMDLEN"])

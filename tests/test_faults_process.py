@@ -105,16 +105,15 @@ def test_safe_name():
     assert safe_name("..") == "__" and safe_name("") == "_"
 
 
-def test_timeout_resolution():
-    from types import SimpleNamespace
-
+def test_timeout_resolution(write_case):
+    from harness.case import load_case
     from harness.runner import DEFAULT_SIDE_TIMEOUT_S, side_timeout
 
     assert DEFAULT_SIDE_TIMEOUT_S == 600
-    assert side_timeout(SimpleNamespace()) == 600  # a case without the field
-    assert side_timeout(SimpleNamespace(timeout=None)) == 600
-    assert side_timeout(SimpleNamespace(timeout=30)) == 30  # the case's
-    assert side_timeout(SimpleNamespace(timeout=30), 5) == 5  # --timeout wins
+    assert side_timeout(load_case(write_case(SMALL_WEIGHTED))) == 600  # a case without the field
+    timed = load_case(write_case(SMALL_WEIGHTED.replace("seed: 3", "seed: 3\ntimeout: 30"), "timed.yaml"))
+    assert side_timeout(timed) == 30  # the case's
+    assert side_timeout(timed, 5) == 5  # --timeout wins
 
 
 @pytest.mark.parametrize("args, fragment", [
