@@ -352,7 +352,7 @@ def _float_sparse(ca: np.ndarray, cb: np.ndarray, where: np.ndarray, stats: Elem
             abs_err = np.abs(va - _values(db, dtype))
         arg = int(np.argmax(abs_err))
         stats.max_abs, stats.max_abs_flat_index = float(abs_err[arg]), int(offset + where[arg])
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # |a| tiny or 0: rel error inf
             rel_err = abs_err / np.abs(va)
         arg = int(np.argmax(rel_err))
         stats.max_rel, stats.max_rel_flat_index = float(rel_err[arg]), int(offset + where[arg])

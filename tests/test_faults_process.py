@@ -322,3 +322,16 @@ def test_several_cases_dump_into_safe_folder_names(tmp_path):
     for folder in folders:
         assert sorted(p.name for p in (tmp_path / "dumps" / folder).iterdir()) == ["ref", "user"]
         assert (tmp_path / "dumps" / folder / "user" / "meta.json").is_file()
+
+
+def test_stray_modules_in_the_working_directory_are_not_imported_by_workers(tmp_path, monkeypatch):
+    """A `click.py` (Paddle imports click) or `numpy.py` in the folder xfalign runs from must not be imported."""
+    from harness.cli import main
+
+    path = make_case(tmp_path / "case", text=TINY)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for module in ("click", "numpy", "yaml"):
+        (cwd / f"{module}.py").write_text(f"raise SystemExit('stray {module}.py imported')\n")
+    monkeypatch.chdir(cwd)
+    assert main(["run", str(path), "--html", str(tmp_path / "html")]) == 0
