@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from safetensors import SafetensorError
 
+from harness import __version__
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, check_input_size
 from harness.case import load_cases
 from harness.compare import compare_dumps
@@ -41,6 +42,7 @@ TIMEOUT_HELP = (f"seconds each side may run, from its worker's start (default: t
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xfalign", description="Compare Paddle and Megatron-Core tensors, bit for bit.")
+    parser.add_argument("--version", action="version", version=f"xfalign {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run cases (both sides, or one with --side) and compare")

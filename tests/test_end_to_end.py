@@ -124,3 +124,15 @@ def test_cuda_side_on_a_machine_without_gpu_is_not_available(write_case, tmp_pat
     assert main(["run", str(path), "--side", "megatron", "--dump", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
     assert "N/A" in out and "case asks for cuda but torch sees no GPU" in out
+
+
+def test_version_from_one_place_and_python_dash_m(tmp_path):
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    from harness import __version__
+
+    assert importlib.metadata.version("xfalign") == __version__
+    done = subprocess.run([sys.executable, "-m", "harness", "--version"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == f"xfalign {__version__}"
