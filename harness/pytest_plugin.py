@@ -150,7 +150,8 @@ class CaseItem(pytest.Item):
         from harness.gate import Golden, baseline_dir, check
         from harness.reports.terminal import print_comparison, print_gate_result
         from harness.reports.text import status_label, verdict_text
-        from harness.runner import SideFailed, run_case
+        from harness.errors import SideCrashed
+        from harness.runner import run_case
 
         config = self.config
         if any(self.case.device_of(side) == "cuda" for side in self.case.sides) and not Path("/dev/nvidia0").exists():
@@ -158,7 +159,7 @@ class CaseItem(pytest.Item):
         try:
             run = run_case(self.case, repeat=config.getoption("xfalign_repeat"),
                            numerics=config.getoption("xfalign_numerics"))
-        except SideFailed as error:
+        except SideCrashed as error:
             raise CaseFailed(f"side crashed: {error}") from None
         except CaseError as error:  # e.g. inputs over the size limit
             raise CaseFailed(str(error)) from None

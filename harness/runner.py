@@ -37,15 +37,12 @@ OUTPUT_TAIL_LINES = 15
 _POLL_S = 0.05
 
 # A worker runs the harness package this process imported, never one that happens to sit in the working
-# directory: -P (and, before 3.11, dropping sys.path[0]) keeps the cwd off sys.path while PYTHONPATH still
-# applies; the package is loaded from the parent's folder and every harness module is checked to come
+# directory: -P keeps the cwd off sys.path while PYTHONPATH still applies; the package is loaded from the parent's folder and every harness module is checked to come
 # from there.
 HARNESS_DIR = Path(harness.__file__).resolve().parent
 _WORKER_BOOT = """\
 import importlib.util, os, sys
 package, job = sys.argv[1], sys.argv[2]
-if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] == "":
-    del sys.path[0]
 spec = importlib.util.spec_from_file_location("harness", os.path.join(package, "__init__.py"),
                                               submodule_search_locations=[package])
 module = importlib.util.module_from_spec(spec)
@@ -59,9 +56,6 @@ for name, loaded in list(sys.modules.items()):
         sys.exit(f"xfalign worker: {name} was imported from {where}, not from the parent's {package}")
 sys.exit(harness.worker.main([job]))
 """
-
-
-SideFailed = SideCrashed  # the former name: a worker crashed, was killed, or timed out (exit 3)
 
 
 @dataclass
@@ -180,9 +174,8 @@ def _start_worker(job: dict, workdir: Path, index: int, workers: list[_Worker]) 
                              (("job", "json"), ("status", "json"), ("output", "log")))
     job_file.write_text(json.dumps(dict(job, status=str(status))))
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
     with open(log, "wb") as output, _critical():
-        process = subprocess.Popen([sys.executable, *safe_path, "-c", _WORKER_BOOT, str(HARNESS_DIR), str(job_file)],
+        process = subprocess.Popen([sys.executable, "-P", "-c", _WORKER_BOOT, str(HARNESS_DIR), str(job_file)],
                                    stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
         workers.append(_Worker(job["side"], process, log, status, time.monotonic()))
