@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -13,12 +12,12 @@ from jinja2 import Environment, PackageLoader
 from harness.compare import CaseComparison, TensorPair
 from harness.dtypes import to_numpy_dtype
 from harness.atomic import write_text_atomic
+from harness.errors import safe_name
 from harness.metrics import ULP_BUCKETS
 from harness.reports.text import (NOT_MEASURED, abs_text, classes_text, expectation_text, index_title, rel_text,
                                   status_label, summary_text, ulp_text, verdict_text)
 
 STATUS_CLASSES = {"pass": "pass", "fail": "fail", "n/a": "na"}
-_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 MAX_FILE_STEM = 120
 
 _env = Environment(loader=PackageLoader("harness.reports", "templates"), autoescape=True,
@@ -108,7 +107,7 @@ def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
 def safe_file_stem(name: str) -> str:
     """A file name stem from a case id: A-Z a-z 0-9 . _ - kept, anything else `_`; no leading or trailing
     dots or underscores (no hidden files, never `..`)."""
-    return _UNSAFE_FILE_CHARS.sub("_", name).strip("._")[:MAX_FILE_STEM] or "case"
+    return safe_name(name).strip("._")[:MAX_FILE_STEM] or "case"
 
 
 def report_file_names(case_names: list[str], reserved: tuple[str, ...] = ("index",)) -> list[str]:
