@@ -6,11 +6,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from harness import __version__
 from harness.atomic import file_mode, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
 from harness.digest import Digest, digests_of, verify
 from harness.errors import OutputError, XfalignError, safe_name
@@ -18,6 +21,50 @@ from harness.errors import OutputError, XfalignError, safe_name
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
 META_FILE = "meta.json"
+
+
+class TensorEntry(BaseModel):
+    """One stored tensor: its name and the digests recorded when it was written."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    dtype: str
+    shape: list[int]
+    md5: str
+    xxh3: str | None = None
+
+
+class DumpMeta(BaseModel):
+    """meta.json of a dump: what ran, where, on which inputs, and the digest of every stored tensor.
+    Validated when a dump is written and when it is read; `format` names this schema's version."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["xfalign-dump/1"]
+    xfalign: str  # the version that wrote it
+    case: dict[str, Any]  # the validated case, as JSON
+    case_name: str
+    side: str
+    framework: str
+    impl: str
+    mode: str | None = None
+    axes: dict[str, list[str]] = {}  # names of a tensor's last two axes, where the op knows them
+    notes: dict[str, str] = {}  # what a reader must know to read a tensor's comparison
+    provenance: str
+    environment: dict[str, Any]  # the fingerprint (harness.fingerprint)
+    inputs: dict[str, dict[str, Any]]  # input name -> digest of the input as the side consumed it
+    unavailable: str | None = None  # why the side could not run here (then nothing else was captured)
+    repeats: dict[str, list[str | None]] = {}  # tensor -> MD5 per repeat, when run more than once
+    tensors: list[TensorEntry] = []
+
+
+def validated_meta(meta: dict, where: str) -> dict:
+    """`meta` checked against DumpMeta (DumpError naming the first bad field), as plain JSON data."""
+    try:
+        return DumpMeta.model_validate(meta).model_dump(mode="json", exclude_unset=True)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise DumpError(f"{where}: {META_FILE}: {field}: {first['msg']}") from None
 
 
 class DumpError(XfalignError):
@@ -112,8 +159,8 @@ class Dump:
         check_dump_target(directory, self.meta.get("side"))
         directory.parent.mkdir(parents=True, exist_ok=True)
         digests = digests_of(self.tensors)  # MD5 and XXH3, hashed in parallel threads
-        meta = dict(self.meta, format=FORMAT,
-                    tensors=[{"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors])
+        meta = validated_meta(dict(self.meta, format=FORMAT, xfalign=__version__, tensors=[{"name": name, **digests[name].to_json(xxh3=True)}
+                                                                      for name in self.tensors]), str(directory))
         staging = staging_dir(directory)
         try:
             save_file({name: np.ascontiguousarray(a) for name, a in self.tensors.items()}, staging / TENSORS_FILE)
@@ -141,8 +188,10 @@ class Dump:
             arrays = load_file(directory / TENSORS_FILE)
         except (OSError, ValueError, SafetensorError) as error:
             raise DumpError(f"{directory}: not a readable xfalign dump ({error})") from None
-        if meta.get("format") != FORMAT:
-            raise DumpError(f"{directory}: unknown dump format {meta.get('format')!r}")
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise DumpError(f"{directory}: unknown dump format {found!r}")
+        meta = validated_meta(meta, str(directory))
         try:
             digests = {entry["name"]: Digest.from_json(entry) for entry in meta["tensors"]}
         except (KeyError, TypeError, ValueError) as error:
