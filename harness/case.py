@@ -12,12 +12,28 @@ import operator
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from harness.dtypes import NUMPY_DTYPES
+from harness.compare.expectations import (
+    Expectation,
+    Report,
+    expectation_type,
+    spellings,
+    tag_names,
+)
+from harness.dtypes import INTEGER_DTYPES, NUMPY_DTYPES
 from harness.errors import XfalignError
 
 USER_IMPL = re.compile(r"^[\w./-]+(\.py)?:[A-Za-z_]\w*$")
@@ -47,7 +63,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FieldProblem(Exception):
-    """Raised by op families during validation; `path` locates the field in the case."""
+    """Raised by op families during validation; `path` names the field in the case."""
 
     def __init__(self, path: tuple, message: str):
         super().__init__(message)
@@ -63,7 +79,8 @@ class InputSpec(Strict):
     # items may be expressions over vars and options ("tokens * topk"); `true` is not a dimension
     shape: list[StrictInt] = Field(min_length=1)
     dtype: Literal[tuple(NUMPY_DTYPES)]  # type: ignore[valid-type]
-    dist: Literal["normal", "uniform"] = "normal"
+    # normal, uniform: floats; randint: integers in [low, high); arange: 0..n-1 along the last axis
+    dist: Literal["normal", "uniform", "randint", "arange"] = "normal"
     mean: float = Field(0.0, allow_inf_nan=False)
     std: float = Field(1.0, ge=0.0, allow_inf_nan=False)
     low: float = Field(0.0, allow_inf_nan=False)
@@ -72,6 +89,7 @@ class InputSpec(Strict):
     # Exact values planted at a fraction of positions (e.g. a clamp limit and its negative).
     special_values: list[float] = []
     special_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    grad: bool = True  # false: no gradient is taken for this input
 
     @field_validator("shape")
     @classmethod
@@ -84,44 +102,66 @@ class InputSpec(Strict):
     def _finite_range(self) -> InputSpec:
         if self.dist == "uniform" and not math.isfinite(self.high - self.low):
             raise ValueError(f"high - low must be a finite number, got {self.high} - {self.low}")
+        if self.dist in ("randint", "arange") and self.dtype not in INTEGER_DTYPES:
+            raise ValueError(f"dist {self.dist} makes integers: dtype is one of {', '.join(INTEGER_DTYPES)}")
+        if self.dist == "randint" and not (self.low.is_integer() and self.high.is_integer() and self.low < self.high):
+            raise ValueError(f"randint takes integers low < high (high excluded), got {self.low:g}, {self.high:g}")
         return self
 
 
 class SideSpec(Strict):
-    framework: Literal["megatron", "paddle"]
+    framework: str  # a registered framework adapter (harness.frameworks)
     impl: str | None = None  # a built-in variant, or module:function / path/to/file.py:function
-    mode: Literal["compile", "eager"] = "compile"  # Megatron execution mode (torch.compile or eager)
+    backward: str | None = None  # a user impl's hand-written backward, module:function / file.py:function
+    mode: str | None = None  # an execution mode of the framework (its adapter's first when not given)
     device: Literal["cpu", "cuda"] | None = None  # this side's device; default: the case's
 
     @property
     def is_user_function(self) -> bool:
         return self.impl is not None and ":" in self.impl
 
-    @field_validator("impl")
+    @field_validator("framework")
     @classmethod
-    def _impl_form(cls, impl: str | None) -> str | None:
-        if impl is not None and ":" in impl and not USER_IMPL.match(impl):
+    def _known_framework(cls, framework: str) -> str:
+        from harness.frameworks import known_frameworks
+
+        if framework not in known_frameworks():
+            raise ValueError(f"unknown framework {framework!r}; known: {', '.join(known_frameworks())}")
+        return framework
+
+    @field_validator("impl", "backward")
+    @classmethod
+    def _function_form(cls, target: str | None, info: ValidationInfo) -> str | None:
+        if target is not None and (info.field_name == "backward" or ":" in target) and not USER_IMPL.match(target):
             raise ValueError("a user function is written module:function or path/to/file.py:function")
-        return impl
+        if info.field_name == "backward" and target is not None and ":" not in (info.data.get("impl") or ""):
+            raise ValueError("a backward goes with a user forward: set impl to module:function or file.py:function")
+        return target
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, mode: str | None, info: ValidationInfo) -> str | None:
+        from harness.frameworks import adapter_for
+
+        if mode is None or "framework" not in info.data:
+            return mode
+        modes = adapter_for(info.data["framework"]).modes
+        if mode not in modes:
+            allowed = " or ".join(repr(m) for m in modes) if modes else "none (leave mode out)"
+            raise ValueError(f"{info.data['framework']} execution modes: {allowed}, got {mode!r}")
+        return mode
 
 
-class MaxUlp(Strict):
-    max_ulp: StrictInt = Field(ge=0)
-
-
-Expectation = Union[Literal["bitwise", "report"], MaxUlp]
+# An expectation: one of the kinds harness.compare.expectations registers, by its YAML key.
+ExpectationField = expectation_type(f"an expectation is {', '.join(spellings()[:-1])} or {spellings()[-1]}")
 
 
 class ExpectSpec(Strict):
-    all: Expectation = "report"
-    tensors: dict[str, Expectation] = {}
+    all: ExpectationField = Report()
+    tensors: dict[str, ExpectationField] = {}
 
     def for_tensor(self, name: str) -> Expectation:
         return self.tensors.get(name, self.all)
-
-
-def describe_expectation(expectation: Expectation) -> str:
-    return expectation if isinstance(expectation, str) else f"max_ulp {expectation.max_ulp}"
 
 
 class Case(Strict):
@@ -240,9 +280,9 @@ def _line_map(root: yaml.Node) -> tuple[dict[tuple, int], dict[int, tuple]]:
     return lines, paths
 
 
-def _locate(lines: dict[tuple, int], loc: tuple) -> tuple[int, str]:
+def _line_and_field(lines: dict[tuple, int], loc: tuple) -> tuple[int, str]:
     """Longest prefix of a pydantic/family location that exists in the file, and its dotted name."""
-    data_loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p == "MaxUlp")))
+    data_loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in tag_names())))
     for n in range(len(data_loc), -1, -1):
         if data_loc[:n] in lines:
             return lines[data_loc[:n]], ".".join(str(p) for p in data_loc) or "(top level)"
@@ -334,7 +374,7 @@ def _apply(point: dict, label: str, value: Any, working_inputs: tuple[str, ...])
         point.setdefault("options", {})[label] = value
 
 
-def expand_sweep(data: dict) -> list[dict]:
+def expand_sweep(data: dict, source: str = "") -> list[dict]:
     """A case with `sweep: {label: [values]}` becomes one case per combination, named base[label=value,...]."""
     from harness.ops import family_for
 
@@ -355,7 +395,7 @@ def expand_sweep(data: dict) -> list[dict]:
     count = math.prod(len(values) for values in sweep.values())
     if count > MAX_SWEEP_POINTS:
         raise FieldProblem(("sweep",), f"this sweep has {count:,} points; at most {MAX_SWEEP_POINTS:,}")
-    working = family_for(str(data.get("op"))).working_inputs
+    working = family_for(str(data.get("op")), source).working_inputs
     expect = data.get("expect") if isinstance(data.get("expect"), dict) else {}
     per_point = expect.pop("points", None) or {}
     if not isinstance(per_point, dict) or not all(isinstance(k, str) for k in per_point):
@@ -459,20 +499,20 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
         _check_names(data, source)
         data = {"name": Path(source).stem, **data}
         _check_structure(data)
-        for point in expand_sweep(data):
+        for point in expand_sweep(data, source):
             _check_structure(point)
             if isinstance(point.get("op"), str):  # options first: shapes may be computed from them
-                family_for(point["op"]).parse_options(point.get("options") or {})
+                family_for(point["op"], source).parse_options(point.get("options") or {})
             _resolve_shapes(point)
             case = Case(**point, source=source)
-            family_for(case.op).validate(case)
+            family_for(case.op, source).validate(case)
             _check_numerics(case)
             _check_user_functions(case)
             cases.append(case)
     except ValidationError as error:
         # In a union, the member that got deepest into the value explains the problem best.
         first = max(error.errors(), key=lambda e: len(e["loc"]))
-        line, field = _locate(lines, first["loc"])
+        line, field = _line_and_field(lines, first["loc"])
         message = first["msg"]
         if first["type"] == "literal_error":
             got = repr(first["input"])
@@ -481,7 +521,7 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
             message = f"{message}, got {_kind(first['input'])}"
         raise CaseError(f"{source}:{line}: {field}: {message}{_in_point(point)}") from None
     except FieldProblem as problem:
-        line, field = _locate(lines, problem.path)
+        line, field = _line_and_field(lines, problem.path)
         raise CaseError(f"{source}:{line}: {field}: {problem.message}{_in_point(point)}") from None
     except (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError, RecursionError) as error:
         # A shape of input no check above foresaw: still one line, never a traceback.
@@ -555,37 +595,41 @@ def _module_origin(name: str) -> str | None:
 
 
 def _check_user_functions(case: Case) -> None:
-    """`impl: file.py:function` (beside the case) and `impl: pkg.mod:function` must exist at load time."""
+    """`impl: file.py:function` (beside the case) and `impl: pkg.mod:function`, and a `backward:` beside it,
+    must exist at load time."""
     for side_name, side in case.sides.items():
-        if not side.is_user_function:
-            continue
-        where = ("sides", side_name, "impl")
-        target, function = side.impl.rsplit(":", 1)
-        if target.endswith(".py"):
-            path = user_function_file(case.source, target)
-            if not path.is_file():
-                folder = Path(case.source).parent
-                raise FieldProblem(where, f"no file {target} beside the case (looked for {path}; a user function file "
-                                          f"is found relative to the case file's folder {str(folder) or '.'})")
-            source = str(path)
-        else:
-            source = _module_origin(target)
-            if source is None:
-                raise FieldProblem(where, f"no module {target!r} on the Python path")
-        if not source.endswith(".py"):
-            continue  # compiled or namespace module: its names cannot be read without importing it
-        try:
-            names = _defined_names(Path(source))
-        except (SyntaxError, ValueError, UnicodeDecodeError) as error:
-            line = getattr(error, "lineno", None)
-            raise FieldProblem(where, f"{target} cannot be read as Python"
-                                      f"{f' (line {line})' if line else ''}: {getattr(error, 'msg', None) or error}") from None
-        except (OSError, RecursionError, MemoryError) as error:
-            raise FieldProblem(where, f"{target} cannot be read: {error}") from None
-        if names is not None and function not in names:
-            defined = sorted(n for n in names if not n.startswith("_"))
-            raise FieldProblem(where, f"{target} defines no {function!r}"
-                                      + (f" (it defines {', '.join(defined[:8])})" if defined else ""))
+        for key in ("impl", "backward"):
+            if side.is_user_function and getattr(side, key) is not None:
+                _check_user_function(case, ("sides", side_name, key), getattr(side, key))
+
+
+def _check_user_function(case: Case, where: tuple, spec: str) -> None:
+    target, function = spec.rsplit(":", 1)
+    if target.endswith(".py"):
+        path = user_function_file(case.source, target)
+        if not path.is_file():
+            folder = Path(case.source).parent
+            raise FieldProblem(where, f"no file {target} beside the case (looked for {path}; a user function file "
+                                      f"is found relative to the case file's folder {str(folder) or '.'})")
+        source = str(path)
+    else:
+        source = _module_origin(target)
+        if source is None:
+            raise FieldProblem(where, f"no module {target!r} on the Python path")
+    if not source.endswith(".py"):
+        return  # compiled or namespace module: its names cannot be read without importing it
+    try:
+        names = _defined_names(Path(source))
+    except (SyntaxError, ValueError, UnicodeDecodeError) as error:
+        line = getattr(error, "lineno", None)
+        raise FieldProblem(where, f"{target} cannot be read as Python"
+                                  f"{f' (line {line})' if line else ''}: {getattr(error, 'msg', None) or error}") from None
+    except (OSError, RecursionError, MemoryError) as error:
+        raise FieldProblem(where, f"{target} cannot be read: {error}") from None
+    if names is not None and function not in names:
+        defined = sorted(n for n in names if not n.startswith("_"))
+        raise FieldProblem(where, f"{target} defines no {function!r}"
+                                  + (f" (it defines {', '.join(defined[:8])})" if defined else ""))
 
 
 def load_cases(path: str | Path) -> list[Case]:

@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from harness import __version__
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, check_input_size
 from harness.case import load_cases
-from harness.compare import compare_dumps
+from harness.compare.case import compare_dumps
 from harness.dump import Dump, DumpError, check_dump_target
 from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
 from harness.gate import Golden, baseline_dir, check, describe_update, missing_class_message

@@ -12,7 +12,11 @@ A golden is written as a unit: the values file under its new name, then the YAML
 then the case's other values files removed; readers follow the YAML's reference, so the YAML and the
 values it names always agree. Writers of one folder take turns (an flock on the folder). Goldens of the
 earlier layout (file names made of the raw case id, a fixed `<case>.golden.safetensors`, no `values:`)
-are still read; the next update rewrites them in this layout.
+are still read; the next update rewrites them in this layout. The YAML names its format
+(`format: xfalign-golden/1`); a golden without it was written before the format was versioned, and is /1.
+
+The gate's results are Findings (harness.compare.findings): the failing expectations, drift against the
+golden, changed inputs, nondeterminism, a missing golden; changed fingerprint fields ride along, passing.
 """
 
 from __future__ import annotations
@@ -31,13 +35,22 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from harness.atomic import fsync_dir, pause, stage_file, write_atomic
-from harness.compare import difference_text, failure_text, pair_tensors
+from harness.compare.findings import GOLDEN, Finding, judged
+from harness.compare.pairs import originate
 from harness.digest import Digest, verify
 from harness.dump import DumpError, IntegrityError
 from harness.errors import OutputError, XfalignError, safe_name
-from harness.fingerprint import differences
+from harness.reports.text import (
+    GOLDEN_HEADER,
+    changed_input_text,
+    changed_tensor_text,
+    environment_change_text,
+    missing_class_text,
+    update_text,
+)
 from harness.runner import CaseRun
 
+FORMAT = "xfalign-golden/1"
 _DIGEST_LINE = re.compile(r"^(\w+) \[([\d, ]*)\] ([0-9a-f]{32})$")
 
 
@@ -143,6 +156,7 @@ class Golden:
     def to_yaml(self, values: str | None = None) -> str:
         """The YAML; `values` is the name of the values file it goes with (None: digests only)."""
         data = {
+            "format": FORMAT,
             "case": self.case,
             "values": values,
             "inputs": {name: _digest_text(d) for name, d in self.inputs.items()},
@@ -150,8 +164,7 @@ class Golden:
                              "tensors": {name: _digest_text(d) for name, d in tensors.items()}}
                       for side, tensors in self.tensors.items()},
         }
-        header = "# xfalign golden. Update: xfalign gate CASE --baseline DIR --update\n"
-        return header + yaml.safe_dump(data, sort_keys=False, width=120)
+        return GOLDEN_HEADER + yaml.safe_dump(data, sort_keys=False, width=120)
 
     @staticmethod
     def _text_path(directory: Path, case_id: str) -> Path:
@@ -198,7 +211,8 @@ class Golden:
 
     def _write_values(self, directory: Path, stem: str) -> str:
         """The values file, complete under a unique staging name, then renamed to its content's name."""
-        staging = stage_file(directory, f"{stem}.golden.safetensors", lambda path: save_file(self.arrays, path))
+        arrays = self.arrays or {}
+        staging = stage_file(directory, f"{stem}.golden.safetensors", lambda path: save_file(arrays, path))
         try:
             name = f"{stem}.golden.{_sha256(staging)[:12]}.safetensors"
             os.replace(staging, directory / name)
@@ -221,8 +235,11 @@ class Golden:
                 None,
             )
             reference = data.get("values", _UNSET)
+            version = data.get("format", FORMAT)  # goldens written before the format was versioned are /1
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as error:
             raise GoldenError(f"{text_path}: not a readable golden ({type(error).__name__}: {_one_line(error)})") from None
+        if version != FORMAT:
+            raise GoldenError(f"{text_path}: golden format {version!r}; this xfalign reads {FORMAT!r}")
         if golden.case != case_id:
             raise GoldenMismatch(f"{text_path}: holds the golden of case {golden.case!r}, not {case_id!r} "
                                  "(two case names that make one file name: rename one)")
@@ -284,88 +301,94 @@ def baseline_dir(root: Path, environment_class: str) -> Path:
 def missing_class_message(root: Path, environment_class: str, case_files: list[str]) -> str:
     """One line for a machine whose class has no goldens: which class it is, how to create them."""
     present = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    there = f" (classes there: {', '.join(present)})" if present else ""
-    return (f"this run's environment class is {environment_class}; {root} has no goldens for it{there}. "
-            f"Create them with: xfalign gate {' '.join(case_files)} --baseline {root} --update")
-
-
-@dataclass
-class Problem:
-    kind: str  # expectation | drift | input | nondeterministic | no-golden
-    text: str
+    return missing_class_text(root, environment_class, present, case_files)
 
 
 @dataclass
 class GateResult:
     case_id: str
-    problems: list[Problem] = field(default_factory=list)
-    environment_changes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # failing ones fail the gate; environment ones explain drift
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [finding for finding in self.findings if not finding.passed]
 
     @property
     def passed(self) -> bool:
-        return not self.problems
-
-    @property
-    def golden_problems(self) -> bool:
-        return any(p.kind in ("drift", "input", "no-golden") for p in self.problems)
+        return not self.failures
 
     @property
     def drifted(self) -> bool:
-        return any(p.kind in ("drift", "input") for p in self.problems)
+        """Whether the run's tensors or inputs differ from the golden."""
+        return any(f.expected == GOLDEN or f.kind == "input" for f in self.failures)
+
+    @property
+    def golden_problems(self) -> bool:
+        """Whether rewriting the golden would change what it says (`--update --only-failing`)."""
+        return self.drifted or any(f.kind == "no-golden" for f in self.failures)
+
+    @property
+    def environment_changes(self) -> list[str]:
+        return [environment_change_text(f) for f in self.findings if f.kind == "environment"]
 
 
-def _environment_changes(golden: Golden, current: Golden) -> list[str]:
-    return [f"{side}: {change}" for side, fingerprint in current.environment.items()
-            for change in differences(golden.environment.get(side, {}), fingerprint)]
+def _environment_findings(golden: Golden, current: Golden) -> list[Finding]:
+    """Every fingerprint field that differs from the golden's (a field only one recorded counts)."""
+    findings = []
+    for side, now in current.environment.items():
+        before = golden.environment.get(side, {})
+        for name in list(now) + [f for f in before if f not in now]:
+            if (name in before, before.get(name)) != (name in now, now.get(name)):
+                findings.append(Finding("environment", side, True,
+                                        {"field": name, "golden": before.get(name), "now": now.get(name)}))
+    return findings
 
 
-def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden: Golden, run: CaseRun) -> str | None:
+def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden: Golden, run: CaseRun) -> list[Finding]:
     if old == new:
-        return None
+        return []
     where = f"{side}/{name}"
-    if old is None or new is None:
-        return f"{where}: {'new tensor, not in the golden' if old is None else 'in the golden, not produced now'}"
-    if golden.arrays is None or where not in golden.arrays:
-        return f"{where}: digest {old.md5[:8]} → {new.md5[:8]} (the golden holds no values to measure ULP)"
-    pair = pair_tensors(where, golden.arrays[where], run.dumps[side].tensors[name], "bitwise", (old, new))
-    return f"{where}: drifted from the golden: {difference_text(pair)}"
+    if old is not None and new is not None and (golden.arrays is None or where not in golden.arrays):
+        return [Finding("digest", where, False, {"a": old.md5, "b": new.md5, "values": False}, GOLDEN)]
+    pair = originate(where, golden.arrays.get(where) if golden.arrays else None, run.dumps[side].tensors.get(name),
+                     (old, new))
+    return judged(pair.compare(), False, GOLDEN)
 
 
 def check(run: CaseRun, golden: Golden | None) -> GateResult:
     result = GateResult(run.case_id)
     for side, dump in run.dumps.items():
         for name, distinct in dump.nondeterministic.items():
-            result.problems.append(Problem("nondeterministic", f"{side}/{name}: {distinct} different digests in "
-                                           f"{len(dump.meta['repeats'][name])} repeats on side {side} "
-                                           "(nondeterministic there; not a cross-framework difference)"))
+            result.findings.append(Finding("nondeterministic", f"{side}/{name}", False, {
+                "side": side, "distinct": distinct, "repeats": len(dump.meta["repeats"][name])}))
     unstable = {name for dump in run.dumps.values() for name in dump.nondeterministic}
-    for pair in run.comparison.failing:
-        if pair.name not in unstable:
-            result.problems.append(Problem("expectation", failure_text(pair)))
+    for tensor in run.comparison.failing if run.comparison else []:  # a gate runs both sides
+        if tensor.name not in unstable:  # nondeterministic on one side: not blamed on the other
+            result.findings += tensor.failures
     if golden is None:
-        result.problems.append(Problem("no-golden", "no golden yet: run with --update to record one"))
+        result.findings.append(Finding("no-golden", "", False))
         return result
     current = Golden.from_run(run)
     for name in golden.inputs.keys() | current.inputs.keys():
         if golden.inputs.get(name) != current.inputs.get(name):
-            result.problems.append(Problem("input", f"input {name}: {golden.inputs.get(name)} → {current.inputs.get(name)}"))
+            result.findings.append(Finding("input", name, False, {
+                "golden": golden.inputs[name].to_json() if name in golden.inputs else None,
+                "now": current.inputs[name].to_json() if name in current.inputs else None}))
     for side in current.tensors:
         old, new = golden.tensors.get(side, {}), current.tensors[side]
         for name in list(new) + [n for n in old if n not in new]:
-            text = _drift(side, name, old.get(name), new.get(name), golden, run)
-            if text:
-                result.problems.append(Problem("drift", text))
+            result.findings += _drift(side, name, old.get(name), new.get(name), golden, run)
     if result.drifted:
-        result.environment_changes = _environment_changes(golden, current)
+        result.findings += _environment_findings(golden, current)
     return result
 
 
 def describe_update(old: Golden | None, new: Golden) -> str:
     """What an update changed, for the terminal."""
     if old is None:
-        return "created"
-    changed = [f"{side}/{name}" for side, tensors in new.tensors.items() for name, digest in tensors.items()
-               if old.tensors.get(side, {}).get(name) != digest]
-    changed += [f"input {name}" for name, digest in new.inputs.items() if old.inputs.get(name) != digest]
-    changed += _environment_changes(old, new)
-    return "updated: " + ", ".join(changed) if changed else "unchanged"
+        return update_text(True, [])
+    changed = [changed_tensor_text(side, name) for side, tensors in new.tensors.items()
+               for name, digest in tensors.items() if old.tensors.get(side, {}).get(name) != digest]
+    changed += [changed_input_text(name) for name, digest in new.inputs.items() if old.inputs.get(name) != digest]
+    changed += [environment_change_text(f) for f in _environment_findings(old, new)]
+    return update_text(False, changed)

@@ -43,10 +43,14 @@ def generate_input(name: str, spec: InputSpec, case: Case) -> np.ndarray:
     # Seeded by (seed, name): adding an input to a case leaves the others' bits unchanged.
     seed = spec.seed if spec.seed is not None else case.seed
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    made = family_for(case.op).generate_input(name, case, rng)
+    made = family_for(case.op, case.source).generate_input(name, case, rng)
     if made is not None:
         return made
     dtype = to_numpy_dtype(spec.dtype)
+    if spec.dist == "arange":  # positions 0..n-1 along the last axis, the same in every row
+        return np.ascontiguousarray(np.broadcast_to(np.arange(spec.shape[-1], dtype=dtype), spec.shape))
+    if spec.dist == "randint":
+        return rng.integers(int(spec.low), int(spec.high), size=spec.shape, dtype=np.int64).astype(dtype)
     values = np.empty(spec.shape, dtype=dtype)
     flat = values.reshape(-1)
     # The draws, in order, chunk by chunk; each float64 chunk -> dtype: one round-to-nearest-even per value.
@@ -59,7 +63,7 @@ def generate_input(name: str, spec: InputSpec, case: Case) -> np.ndarray:
         flat[start:start + size] = chunk.astype(dtype)
     if spec.special_values and spec.special_fraction > 0:
         # After all the draws, as before: the positions, then the values planted there.
-        count = max(1, int(round(flat.size * spec.special_fraction)))
+        count = max(1, round(flat.size * spec.special_fraction))
         where = rng.choice(flat.size, size=min(count, flat.size), replace=False)
         flat[where] = rng.choice(np.asarray(spec.special_values, dtype=np.float64), size=where.size).astype(dtype)
     return values

@@ -1,13 +1,12 @@
 """Numerics profiles: what a run pins so that a CPU's instruction set does not decide its bits.
 
 A profile is a YAML file in configs/numerics/ (or a path relative to the case). It sets environment
-variables before a framework is imported and framework switches after; the worker applies it and
-the dump's fingerprint records it. Cases name one with `numerics:`, a run with `--numerics`.
+variables before a framework is imported and framework switches after; the framework adapter applies
+it in the worker and the dump's fingerprint records it. Cases name one with `numerics:`, a run with `--numerics`.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -102,31 +101,3 @@ def environment_class(profile: NumericsProfile, devices: list[str]) -> str:
     classes = [_gpu_class() if device == "cuda" else profile.environment_class or f"cpu-native-{cpu_isa()}"
                for device in devices]
     return "_".join(dict.fromkeys(classes))
-
-
-# -- applied in the worker --------------------------------------------------------------------------
-
-
-def apply_before_import(profile: NumericsProfile) -> None:
-    os.environ.update(profile.env)
-
-
-def apply_torch(profile: NumericsProfile) -> None:
-    import torch
-
-    pins = profile.torch
-    if pins.mkldnn is not None:
-        torch.backends.mkldnn.enabled = pins.mkldnn
-    if pins.threads is not None:
-        torch.set_num_threads(pins.threads)
-    if pins.inductor_simdlen is not None:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.cpp.simdlen = pins.inductor_simdlen
-
-
-def apply_paddle(profile: NumericsProfile) -> None:
-    import paddle
-
-    if profile.paddle.threads is not None:
-        paddle.base.core.set_num_threads(profile.paddle.threads)

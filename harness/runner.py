@@ -24,7 +24,7 @@ from pathlib import Path
 
 import harness
 from harness.case import Case
-from harness.compare import CaseComparison, compare_dumps
+from harness.compare.case import CaseComparison, compare_dumps
 from harness.dump import Dump, DumpError
 from harness.errors import Interrupted, OutputError, SideCrashed, safe_name
 from harness.inputs import generate_inputs, write_inputs

@@ -3,7 +3,8 @@
     python -m harness.worker JOB.json
 
 JOB.json holds the validated case, its source path, the side name, the inputs file and the dump
-directory, and optionally a status file. Framework flags are set here, before the framework is imported.
+directory, and optionally a status file. The side's framework adapter sets what the framework reads
+at import before anything imports it.
 
 The status file (JSON) is written last: {"dump": PATH} once the dump is in place, {"error": "Type:
 message"} when the side raised, {"output_error": message} when the dump could not be written (exit 2).
@@ -13,57 +14,64 @@ writing its dump, whatever its exit code; the parent reports it so.
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
 
 from safetensors import SafetensorError
 
-from harness import __version__
+from harness import __version__, fingerprint
 from harness.case import Case
 from harness.digest import Digest
 from harness.dump import Dump
+from harness.execute import SideOutput, execute
+from harness.frameworks import FrameworkAdapter, adapter_for
 from harness.inputs import read_inputs
-from harness.numerics import NumericsProfile, apply_before_import
+from harness.numerics import NumericsProfile, environment_class
 from harness.ops import NotAvailable, family_for
 
-INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 
-
-def prepare_environment(framework: str, mode: str) -> None:
-    if framework == "megatron":
-        if mode == "eager":
-            os.environ["TORCHDYNAMO_DISABLE"] = "1"
-        else:
-            os.environ.pop("TORCHDYNAMO_DISABLE", None)
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|ccache).*")
+def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile, adapter: FrameworkAdapter) -> SideOutput:
+    """One run of the side's op, with the environment recorded."""
+    device = case.device_of(side_name)
+    reason = adapter.unavailable(device)
+    if reason:
+        raise NotAvailable(reason)  # a result (N/A), not a crash
+    adapter.use_device(device)
+    adapter.apply_profile(profile)
+    # The family's settings hold for forward and backward, as in a training run, and are read there.
+    with adapter.deterministic(family_for(case.op, case.source).deterministic(case)):
+        output = execute(case, case.sides[side_name], arrays, adapter, device)
+        runtime = adapter.runtime_fingerprint(device)
+    output.environment = (fingerprint.common(profile.name) | adapter.fingerprint(device, profile) | runtime
+                          | {"environment_class": environment_class(profile, [device])})
+    return output
 
 
 def run_job(job: dict) -> Path:
     case = Case(**job["case"], source=job["source"])
     side = case.sides[job["side"]]
     profile = NumericsProfile(**job["numerics"])
-    apply_before_import(profile)  # ISA and thread pins are read when the framework loads
-    prepare_environment(side.framework, side.mode)
-    runner = importlib.import_module(f"harness.sides.{side.framework}")
+    adapter = adapter_for(side.framework)
+    mode = side.mode or adapter.default_mode
+    adapter.before_import(profile, mode)  # ISA and thread pins are read when the framework loads
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|ccache).*")
+    family = family_for(case.op, case.source)
     meta = {
         "xfalign": __version__,
         "case": case.to_json(),
         "case_name": case.name,
         "side": job["side"],
         "framework": side.framework,
-        "impl": side.impl or "megatron",
-        "mode": side.mode if side.framework == "megatron" else None,
-        "axes": family_for(case.op).tensor_axes(case),
-        "notes": family_for(case.op).tensor_notes(case),
+        "impl": side.impl or adapter.default_impl,
+        "mode": mode,
+        "axes": family.tensor_axes(case),
+        "notes": family.tensor_notes(case),
     }
     arrays = read_inputs(Path(job["inputs"]))
     try:
-        runs = [runner.run(case, job["side"], arrays, profile) for _ in range(job.get("repeat", 1))]
+        runs = [run_side(case, job["side"], arrays, profile, adapter) for _ in range(job.get("repeat", 1))]
     except NotAvailable as reason:
         meta |= {"provenance": "-", "environment": {}, "inputs": {}, "unavailable": str(reason)}
         return _write_dump(Dump(meta, {}), job["dump"])

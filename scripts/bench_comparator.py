@@ -5,7 +5,7 @@
 Each pair is two tensors of --mib MiB (shape [-1, 4096]). "xfalign compare" is what `xfalign compare`
 does per tensor once a dump's file is loaded: the digest check of both arrays against the digests
 recorded when the dumps were written (XXH3-128, harness.digest.verify, as Dump.read runs it), then
-harness.compare.pair_tensors: bitwise and canonical equality, differing / signed-zero / NaN / Inf
+harness.compare.pairs.originate: bitwise and canonical equality, differing / signed-zero / NaN / Inf
 counts, ULP max + index + histogram, max abs and rel error, worst elements and the mismatch heatmap
 grid, in one pass over the data. The others: np.array_equal on integer views of the bits,
 numpy.testing.assert_array_max_ulp (no bf16) and torch.testing.assert_close(rtol=0, atol=0).
@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 from numpy.testing import assert_array_max_ulp
 
-from harness.compare import pair_tensors
+from harness.compare.pairs import originate
 from harness.digest import digests_of, verify
 
 PAIRS = [("fp32, 0.01% differ by 1-3 ULP", np.float32, 1e-4),
@@ -88,7 +88,7 @@ def _method(name: str, a: np.ndarray, b: np.ndarray, digests: dict):
     if name == "xfalign compare":
         def run():
             assert not verify({"a": a, "b": b}, digests)  # as Dump.read checks each tensor
-            pair_tensors("t", a, b, "bitwise", (digests["a"], digests["b"]))
+            originate("t", a, b, (digests["a"], digests["b"]))
         return run
     if name == "np.array_equal":
         uint = np.uint16 if a.itemsize == 2 else np.uint32
@@ -124,7 +124,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"2 x {args.mib} MiB per pair, shape [-1, 4096]; {os.cpu_count()} CPUs, load average {load:.2f} at start; "
           f"best of {args.repeat} (assert_array_max_ulp: 1 run)")
-    print("xfalign compare = XXH3 check of both arrays against their recorded digests + pair_tensors "
+    print("xfalign compare = XXH3 check of both arrays against their recorded digests + originate "
           "(all metrics and the heatmap, one pass)")
     rows = []
     for label, dtype, fraction in PAIRS:
@@ -135,20 +135,20 @@ def main() -> None:
         for name in METHODS:
             run = _method(name, a, b, digests)
             repeat = 1 if name == "assert_array_max_ulp" else args.repeat
-            results[name] = None if run is None else _forked(lambda: _measure(run, repeat))
+            results[name] = None if run is None else _forked(lambda run=run, repeat=repeat: _measure(run, repeat))
         rows.append((label, a.nbytes + b.nbytes, results))
         del a, b
     print()
     print("Throughput, GB/s over both tensors (higher is better)")
     print(f"{'pair':32s}" + "".join(f"{name:>22s}" for name in METHODS))
     for label, total, results in rows:
-        cells = [_cell(r, lambda r: f"{total / r['seconds'] / 1e9:.2f}") for r in results.values()]
+        cells = [_cell(r, lambda r, total=total: f"{total / r['seconds'] / 1e9:.2f}") for r in results.values()]
         print(f"{label:32s}" + "".join(f"{c:>22s}" for c in cells))
     print()
     print(f"Peak memory while running: resident-set rise, MiB (% of the pair's {2 * args.mib} MiB)")
     print(f"{'pair':32s}" + "".join(f"{name:>22s}" for name in METHODS))
     for label, total, results in rows:
-        cells = [_cell(r, lambda r: f"{r['peak_bytes'] / 2**20:.0f} ({100 * r['peak_bytes'] / total:.0f}%)")
+        cells = [_cell(r, lambda r, total=total: f"{r['peak_bytes'] / 2**20:.0f} ({100 * r['peak_bytes'] / total:.0f}%)")
                  for r in results.values()]
         print(f"{label:32s}" + "".join(f"{c:>22s}" for c in cells))
     for label, _, results in rows:

@@ -16,7 +16,7 @@ import numpy as np
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from harness.compare import compare_dumps
+from harness.compare.case import compare_dumps
 from harness.digest import Digest
 from harness.dump import Dump
 from harness.reports.html import write_reports

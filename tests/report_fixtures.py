@@ -3,8 +3,8 @@
 import ml_dtypes
 import numpy as np
 
-from harness.dump import Dump
 from harness.digest import Digest
+from harness.dump import Dump
 
 CASE_JSON = {"name": "known_diff", "op": "swiglu", "expect": {"all": "bitwise"}}
 
@@ -30,4 +30,13 @@ def known_diff_dumps(rows: int = 64, cols: int = 128) -> tuple[Dump, Dump]:
     inputs = {"x": x}
     a = Dump(side_meta("megatron", "megatron", inputs), {"out": out, "grad.x": grad_x, "grad.probs": probs})
     b = Dump(side_meta("paddle", "paddle", inputs), {"out": out_b, "grad.x": grad_x.copy(), "grad.probs": probs_b})
+    return a, b
+
+
+def dumps_of(a_tensors: dict, b_tensors: dict, name: str = "known_diff") -> tuple[Dump, Dump]:
+    """Two dumps of the given tensors, with the same inputs."""
+    inputs = {"x": np.zeros(2, np.float32)}
+    a, b = Dump(side_meta("megatron", "megatron", inputs), a_tensors), Dump(side_meta("paddle", "paddle", inputs), b_tensors)
+    for dump in (a, b):
+        dump.meta["case_name"] = name
     return a, b

@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 import harness.inputs
 from harness.case import CaseError, InputSpec, load_case, load_cases
 from harness.cli import main
-from harness.compare import compare_dumps
+from harness.compare.case import compare_dumps
 from harness.dtypes import to_numpy_dtype
 from harness.inputs import check_input_size, generate_input, generate_inputs
 from harness.reports.html import report_file_names, write_reports
-from harness.sides.common import UserFunctionError, run_family
+from harness.execute import UserFunctionError, execute
+from harness.frameworks import adapter_for
 
 from conftest import ROOT, SMALL_WEIGHTED
 from report_fixtures import known_diff_dumps
@@ -124,7 +125,7 @@ def test_merge_keys_are_not_duplicates(write_case):
     text = SMALL_WEIGHTED.replace("  megatron: {framework: megatron, mode: compile}",
                                   "  megatron: &m {framework: megatron, mode: compile}")
     text = text.replace("  paddle: {framework: paddle, impl: fp32_island}",
-                        "  paddle: {<<: *m, framework: paddle, impl: fp32_island, mode: compile}")
+                        "  paddle: {<<: *m, framework: paddle, impl: fp32_island, mode: null}")
     assert load_case(write_case(text)).sides["paddle"].framework == "paddle"
 
 
@@ -416,34 +417,26 @@ def test_module_user_function_is_checked_without_importing_a_framework(write_cas
     assert done.returncode == 0, done.stderr
 
 
-class FakeTensor:
-    """A paddle-like tensor over numpy, to drive run_family without a framework."""
-
-    def __init__(self, array, requires_grad=False):
-        self.array, self.stop_gradient, self.grad = array, not requires_grad, None
-
-
-def run_fake(case):
-    arrays = generate_inputs(case)
-    return run_family(case, case.sides["paddle"], arrays, to_tensor=FakeTensor, to_numpy=lambda t: t.array,
-                      backward=lambda outputs, grads: None, grad_of=lambda t: t.grad)
+def run_paddle(case):
+    """The case's paddle side, run here in the test process by the real adapter."""
+    return execute(case, case.sides["paddle"], generate_inputs(case), adapter_for("paddle"), "cpu")
 
 
 @pytest.mark.parametrize("returned, words", [
-    ("x.array", "returned ndarray; expected a paddle tensor (out) or a dict with 'out'"),
+    ("x.numpy()", "returned ndarray; expected a paddle tensor (out) or a dict with 'out'"),
     ("1.5", "returned float; expected a paddle tensor (out) or a dict with 'out'"),
     ("None", "returned None; expected a paddle tensor (out) or a dict with 'out'"),
     ("(x, x)", "returned tuple; expected a paddle tensor (out) or a dict with 'out'"),
     ("{'output': x}", "returned a dict without 'out' (it has 'output'); expected a paddle tensor (out) or a dict with 'out'"),
-    ("{'out': x.array}", "returned 'out' as ndarray; expected a paddle tensor"),
-    ("type(x)(x.array)", "returned 'out' detached from the inputs (it does not require grad); expected a paddle tensor "
+    ("{'out': x.numpy()}", "returned 'out' as ndarray; expected a paddle tensor"),
+    ("x.detach()", "returned 'out' detached from the inputs (it does not require grad); expected a paddle tensor "
                          "computed from the inputs"),
 ])
 def test_user_function_returning_the_wrong_thing_says_what_was_expected(write_case, tmp_path, returned, words):
     (tmp_path / "f.py").write_text(f"def swiglu(x, bias, probs, options):\n    return {returned}\n")
     case = load_case(write_case(user_case("f.py:swiglu")))
     with pytest.raises(UserFunctionError) as info:
-        run_fake(case)
+        run_paddle(case)
     assert str(info.value) == f"user function f.py:swiglu {words}" + ("" if "computed" not in words else
                                                                      ", so that gradients can be taken through it")
 
@@ -452,8 +445,8 @@ def test_user_function_returning_a_tensor_or_a_dict_is_captured(write_case, tmp_
     (tmp_path / "f.py").write_text("def swiglu(x, bias, probs, options):\n    return x\n"
                                    "def as_dict(x, bias, probs, options):\n    return {'out': x}\n")
     for impl in ("f.py:swiglu", "f.py:as_dict"):
-        output = run_fake(load_case(write_case(user_case(impl))))
-        assert list(output.tensors) == ["out"]
+        output = run_paddle(load_case(write_case(user_case(impl))))
+        assert list(output.tensors) == ["out", "grad.x"]
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU")

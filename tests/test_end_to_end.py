@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from harness.cli import main
 from harness.dump import Dump
+from harness.reports.json_report import FORMAT
 
 from conftest import CASE
 
@@ -16,7 +17,7 @@ def run_json(args, tmp_path):
     out = tmp_path / "result.json"
     code = main(args + ["--json", str(out), "--html", str(tmp_path / "html")])
     report = json.loads(out.read_text())
-    assert report["format"] == "xfalign-report/1"
+    assert report["format"] == FORMAT
     return code, report["cases"][0]
 
 

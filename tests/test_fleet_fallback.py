@@ -13,7 +13,7 @@ import paddle.nn.functional as F
 import pytest
 
 from harness.ops.swiglu import paddle as swiglu_paddle
-from harness.ops.swiglu.paddle import IMPLS, fleet_cpu_fallback
+from harness.ops.swiglu.paddle import SwigluPaddle, fleet_cpu_fallback
 
 BF16, F32 = ml_dtypes.bfloat16, np.float32
 L = 2.0
@@ -189,11 +189,11 @@ def test_only_a_positive_clamp_selects_the_clamped_code(clamp):
     assert_bitwise(grad_x, ref_dx)
     assert_bitwise(grad_probs, ref_dscale)
     assert not swiglu_paddle._fleet_clamp_on(clamp)
-    assert "non-clamped branch" in IMPLS["fleet_cpu_fallback"].provenance_for({"clamp": clamp})
+    assert "non-clamped branch" in SwigluPaddle.impls()["fleet_cpu_fallback"].provenance_for({"clamp": clamp})
 
 
 def test_provenance_names_the_real_file_and_the_branch():
-    text = IMPLS["fleet_cpu_fallback"].provenance_for({"clamp": L})
+    text = SwigluPaddle.impls()["fleet_cpu_fallback"].provenance_for({"clamp": L})
     assert "src/paddlefleet/fusions/fused_swiglu_scale.py" in text and "PR #1078" in text
     assert "25ab366f005711732135624227bcc6f1f125207a" in text
     assert "clamped branch (clamp_value=2.0 > 0)" in text

@@ -4,14 +4,16 @@ import re
 
 import numpy as np
 import pytest
+from conftest import REPORT_ONLY
 
 from harness.case import load_case
 from harness.cli import main
+from harness.compare.findings import GOLDEN, judged
+from harness.compare.pairs import originate
 from harness.digest import Digest
-from harness.gate import Golden, check
+from harness.gate import FORMAT, Golden, check
+from harness.reports.text import finding_text
 from harness.runner import run_case
-
-from conftest import REPORT_ONLY
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_one_bit_flip_fails_naming_tensor_and_ulp(recorded):
     run, baseline = recorded
     result = check(run, mutate(baseline, "paddle/grad.x", flip_bit))
     assert not result.passed
-    drift = [p.text for p in result.problems if p.kind == "drift"]
+    drift = [finding_text(f) for f in result.failures if f.expected == GOLDEN]
     assert len(drift) == 1 and drift[0].startswith("paddle/grad.x: drifted from the golden: 1 of 32,768 elements differ, max 1 ULP")
     assert result.environment_changes == []
 
@@ -65,27 +67,29 @@ def test_signed_zero_nan_payload_and_shape_changes_are_named(recorded):
         bits[zero_at] = 0x8000
         return values
 
-    text = check(run, mutate(baseline, "megatron/out", plus_to_minus_zero)).problems[0].text
+    text = finding_text(check(run, mutate(baseline, "megatron/out", plus_to_minus_zero)).failures[0])
     assert text.startswith("megatron/out: drifted") and "1 differ only in the sign of zero" in text
 
     def nan_payload(values):  # the run's tensor has no NaN: plant one in the golden, and a NaN with
         values.reshape(-1)[3] = np.nan  # another payload is still a NaN mismatch against a number
         return values
 
-    text = check(run, mutate(baseline, "megatron/grad.probs", nan_payload)).problems[0].text
+    text = finding_text(check(run, mutate(baseline, "megatron/grad.probs", nan_payload)).failures[0])
     assert "megatron/grad.probs" in text and "1 NaN and 0 Inf mismatches" in text
 
-    text = check(run, mutate(baseline, "paddle/grad.probs", lambda v: v.reshape(-1))).problems[0].text
+    text = finding_text(check(run, mutate(baseline, "paddle/grad.probs", lambda v: v.reshape(-1))).failures[0])
     assert text == "paddle/grad.probs: drifted from the golden: shape differs: [64] vs [64, 1]; values compared flattened"
 
 
 def test_nan_payload_only_drift():
     """Golden and run both NaN at one place, with different payloads: named as a NaN-payload drift."""
-    from harness.compare import difference_text, pair_tensors
     a = np.array([1.0, np.nan], dtype=np.float32)
     b = a.copy()
     b.view(np.uint32)[1] = 0x7FC00001
-    assert "1 differ only in NaN payload (first at flat index 1)" in difference_text(pair_tensors("t", a, b, "bitwise"))
+    (finding,) = judged(originate("t", a, b).compare(), False, GOLDEN)
+    text = finding_text(finding)
+    assert text.startswith("t: drifted from the golden: 1 of 2 elements differ")
+    assert text.endswith("1 differ only in NaN payload (first at flat index 1)")
 
 
 def test_environment_change_is_reported_beside_drift(recorded):
@@ -100,7 +104,8 @@ def test_input_digest_change_fails(recorded):
     run, baseline = recorded
     golden = Golden.read(baseline, "small")
     golden.inputs["x"] = Digest("bfloat16", (64, 512), "0" * 32)
-    assert [p.kind for p in check(run, golden).problems] == ["input"]
+    (finding,) = check(run, golden).failures
+    assert finding.kind == "input" and finding_text(finding).startswith("input x: bfloat16 [64, 512] 00000000 → bfloat16")
 
 
 def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsys):
@@ -149,3 +154,24 @@ def test_nondeterminism_is_reported_per_side_not_blamed_on_the_other(write_case,
     assert "[expectation] out" not in out  # the unstable tensor is not blamed on Megatron
     assert main(["run", str(path), "--repeat", "2"]) == 1
     assert "out is nondeterministic on side paddle: 2 different digests over the repeats" in capsys.readouterr().out
+
+
+def test_golden_names_its_format_and_older_goldens_still_read(tmp_path):
+    from conftest import ROOT
+
+    from harness.gate import GoldenError
+
+    older = ROOT / "baselines" / "cpu-avx2"
+    text = (older / "linear_rows_7_.golden.yaml").read_text()
+    assert "format:" not in text  # written before the format was versioned: read as /1, unchanged
+    golden = Golden.read(older, "linear[rows=7]")
+    assert golden.case == "linear[rows=7]" and golden.tensors["megatron"]["out"].dtype == "bfloat16"
+
+    golden.write(tmp_path, with_arrays=False)
+    written = (tmp_path / "linear_rows_7_.golden.yaml").read_text()
+    assert written.splitlines()[1] == f"format: {FORMAT}" and FORMAT == "xfalign-golden/1"
+    assert Golden.read(tmp_path, "linear[rows=7]").tensors == golden.tensors
+
+    (tmp_path / "linear_rows_7_.golden.yaml").write_text(written.replace(FORMAT, "xfalign-golden/9"))
+    with pytest.raises(GoldenError, match=r"golden format 'xfalign-golden/9'; this xfalign reads 'xfalign-golden/1'"):
+        Golden.read(tmp_path, "linear[rows=7]")

@@ -8,7 +8,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from harness.compare import compare_dumps
+from harness.compare.case import compare_dumps
 from harness.reports.html import write_reports
 
 from conftest import ROOT

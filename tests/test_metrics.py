@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from numpy.testing._private.utils import nulp_diff
 
-from harness import metrics
-from harness.metrics import element_stats, ulp_distance
+from harness.compare import metrics
+from harness.compare.metrics import element_stats, ulp_distance
 
 BF16 = ml_dtypes.bfloat16
 

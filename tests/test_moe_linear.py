@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from harness.case import CaseError, MaxUlp, load_cases
+from harness.case import CaseError, load_cases
+from harness.compare.expectations import Bitwise, MaxUlp, Report
 from harness.cli import main
 
 MOE = """\
@@ -134,8 +135,8 @@ def test_per_point_expectations(write_case):
     points_yaml = ("sweep:\n  rows: [7, 64]\nexpect:\n  all: bitwise\n  tensors: {grad.bias: report}\n"
                    "  points:\n    rows=64: {tensors: {out: {max_ulp: 2}}}\n")
     cases = load_cases(write_case(LINEAR.replace("expect:\n  all: report\n", points_yaml)))
-    assert [c.expect.for_tensor("out") for c in cases] == ["bitwise", MaxUlp(max_ulp=2)]
-    assert [c.expect.for_tensor("grad.bias") for c in cases] == ["report", "report"]
+    assert [c.expect.for_tensor("out") for c in cases] == [Bitwise(), MaxUlp(max_ulp=2)]
+    assert [c.expect.for_tensor("grad.bias") for c in cases] == [Report(), Report()]
     text = LINEAR.replace("expect:\n  all: report\n", points_yaml.replace("rows=64:", "rows=65:"))
     bad = write_case(text, "bad.yaml")
     line = next(n for n, row in enumerate(text.splitlines(), 1) if "rows=65:" in row)

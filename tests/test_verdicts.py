@@ -9,17 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from report_fixtures import dumps_of, known_diff_dumps
 from rich.console import Console
 
 import harness
-from harness.case import ExpectSpec, MaxUlp, load_cases
-from harness.compare import compare_dumps, difference_text, failure_text, pair_tensors
+from harness.case import ExpectSpec, load_cases
+from harness.compare.case import compare_dumps
+from harness.compare.expectations import MaxUlp
+from harness.compare.pairs import originate
 from harness.dump import Dump
 from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison
-
-from report_fixtures import known_diff_dumps, side_meta
+from harness.reports.text import detail_text, findings_lines
 
 HARNESS_DIR = Path(harness.__file__).resolve().parent
 
@@ -78,14 +80,6 @@ def table_header(text: str) -> list[str]:
     return table_row(text, "tensor", "┃")
 
 
-def dumps_of(a_tensors: dict, b_tensors: dict, name: str = "known_diff") -> tuple[Dump, Dump]:
-    inputs = {"x": np.zeros(2, np.float32)}
-    a, b = Dump(side_meta("megatron", "megatron", inputs), a_tensors), Dump(side_meta("paddle", "paddle", inputs), b_tensors)
-    for dump in (a, b):
-        dump.meta["case_name"] = name
-    return a, b
-
-
 def unavailable_dumps(reason: str = "fused_linear is not available on cpu") -> tuple[Dump, Dump]:
     """What worker.py writes for a side that cannot run here, and a side that ran."""
     a, b = known_diff_dumps(rows=16, cols=16)
@@ -99,24 +93,25 @@ def strict_json(path: Path):
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
-# 1. max_ulp on integer and bool tensors means equality
+# 1. max_ulp on integer and bool tensors never holds: it says so, and shows no ULP numbers
 
 
 @pytest.mark.parametrize("a", [np.array([True, False, True, False]), np.array([1, 2, 3, 4], dtype=np.int32)])
-def test_max_ulp_on_exact_dtypes_means_equality(a):
+def test_max_ulp_on_exact_dtypes_never_holds(a):
     b = ~a if a.dtype == bool else a + 1
-    pair = pair_tensors("routing.map", a, b, MaxUlp(max_ulp=4))
-    assert not pair.holds
-    text = failure_text(pair)
-    assert "4 of 4 elements differ" in text and "ULP" not in text
-    assert pair_tensors("routing.map", a, a.copy(), MaxUlp(max_ulp=4)).holds
+    findings = MaxUlp(max_ulp=4).check(originate("routing.map", a, b))
+    assert not any(f.passed for f in findings)
+    (text,) = findings_lines(findings)
+    assert text == (f"routing.map: expected max_ulp 4, but max_ulp 4 does not apply to {a.dtype} values, which are "
+                    "equal or not (expect bitwise); 4 of 4 elements differ")
+    assert not any(f.passed for f in MaxUlp(max_ulp=4).check(originate("routing.map", a, a.copy())))
 
     comparison = compare_dumps(*dumps_of({"routing.map": a}, {"routing.map": b}), ExpectSpec(all=MaxUlp(max_ulp=4)))
     assert comparison.status == "fail"
     text = printed(comparison)
     row = dict(zip(table_header(text), table_row(text, "routing.map")))
-    assert row["max ULP"] == "-" and row["holds"] == "NO"
-    assert "ULP" not in text.split("FAIL", 1)[1]  # the verdict line
+    assert row["max ULP"] == "-" and row["holds"] == "NO" and row["expect"] == "max_ulp 4"
+    assert "does not apply" in text.split("FAIL", 1)[1]  # the verdict line
 
 
 # 2. N/A is N/A everywhere
@@ -169,12 +164,12 @@ def test_not_available_case_is_a_pytest_skip_with_its_reason(pytester):
 def test_nan_inf_mismatches_are_not_read_as_zero(tmp_path, b):
     a = np.array([1.0, -np.inf, 2.0, 3.0], np.float32)
     comparison = compare_dumps(*dumps_of({"out": a}, {"out": b}), ExpectSpec(all="report"))
-    stats = comparison.pairs[0].stats
+    stats = comparison.tensors[0].pair.stats
     text = printed(comparison)
     row = dict(zip(table_header(text), table_row(text, "out")))
     assert row["NaN/Inf"] == f"{stats.nan_mismatch}/{stats.inf_mismatch}" and row["NaN/Inf"] != "0/0"
     assert row["max ULP"] == "-" and row["max abs"] == "-"
-    assert "max 0 ULP" not in difference_text(comparison.pairs[0])
+    assert "max 0 ULP" not in detail_text(comparison.tensors[0].findings[0])
 
     case = strict_json(write_json([comparison], tmp_path / "r.json"))["cases"][0]
     tensor = case["tensors"][0]["stats"]
@@ -196,11 +191,11 @@ def test_json_is_strict_versioned_and_one_shape(tmp_path):
     a = np.array([0.0, 1.0, 0.0, 2.0], np.float32)
     b = np.array([1.0, 1.0, -2.0, 2.0], np.float32)  # |a-b|/|a| is inf where a is 0
     comparison = compare_dumps(*dumps_of({"out": a}, {"out": b}), ExpectSpec(all="report"))
-    assert comparison.pairs[0].stats.max_rel == np.inf
+    assert comparison.tensors[0].pair.stats.max_rel == np.inf
     text = write_json([comparison], tmp_path / "one.json").read_text()
     assert "Infinity" not in text and ": NaN" not in text
     one = strict_json(tmp_path / "one.json")
-    assert one["format"] == "xfalign-report/1" and len(one["cases"]) == 1
+    assert one["format"] == "xfalign-report/2" and len(one["cases"]) == 1
     assert one["cases"][0]["tensors"][0]["stats"]["max_rel"] == "inf"
     several = strict_json(write_json([comparison, comparison], tmp_path / "two.json"))
     assert several.keys() == one.keys() and len(several["cases"]) == 2
@@ -212,20 +207,20 @@ def test_json_is_strict_versioned_and_one_shape(tmp_path):
 def test_signed_zero_and_nan_payload_only_name_their_first_index(tmp_path):
     a = np.array([1.0, 0.0, 2.0, -0.0, 0.0, 3.0], np.float32)
     b = np.array([1.0, 0.0, 2.0, 0.0, -0.0, 3.0], np.float32)
-    pair = pair_tensors("grad.x", a, b, "report")
+    pair = originate("grad.x", a, b)
     assert pair.stats.signed_zero_first_index == 3
-    assert "2 differ only in the sign of zero (first at flat index 3)" in difference_text(pair)
+    assert "2 differ only in the sign of zero (first at flat index 3)" in detail_text(pair.compare()[0])
     assert [(w.flat_index, w.ulp) for w in pair.stats.worst] == [(3, 0), (4, 0)]
 
     nan_a = np.array([1.0, np.nan, 2.0, np.nan], np.float32)
     nan_b = nan_a.copy()
     nan_b.view(np.uint32)[3] ^= 1  # another NaN payload
-    nan_pair = pair_tensors("out", nan_a, nan_b, "report")
+    nan_pair = originate("out", nan_a, nan_b)
     assert nan_pair.stats.nan_payload_first_index == 3
-    assert "1 differ only in NaN payload (first at flat index 3)" in difference_text(nan_pair)
+    assert "1 differ only in NaN payload (first at flat index 3)" in detail_text(nan_pair.compare()[0])
 
     # many differing elements (a chunk computed whole) over several chunks: the first index is the min
-    import harness.metrics
+    import harness.compare.metrics
 
     many_a = np.linspace(1, 2, 1024, dtype=np.float32)
     many_a[[300, 700]] = 0.0
@@ -233,8 +228,8 @@ def test_signed_zero_and_nan_payload_only_name_their_first_index(tmp_path):
     many_b.view(np.uint32)[::3] += 1
     many_b[[300, 700]] = -0.0
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(harness.metrics, "CHUNK_ELEMENTS", 256)
-        many = pair_tensors("grad.x", many_a, many_b, "report").stats
+        patch.setattr(harness.compare.metrics, "CHUNK_ELEMENTS", 256)
+        many = originate("grad.x", many_a, many_b).stats
     assert (many.signed_zero_only, many.signed_zero_first_index) == (2, 300)
 
     comparison = compare_dumps(*dumps_of({"grad.x": a}, {"grad.x": b}), ExpectSpec(all="report"))

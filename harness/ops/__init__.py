@@ -1,100 +1,93 @@
-"""Op families. Each lives in one subpackage: its case rules and signature here (no framework
-imports), its Megatron reference in `megatron.py`, its Paddle variants in `paddle.py`."""
+"""Op families as plug-ins. A case names its family by `op: name` (entry point group `xfalign.ops`,
+where the built-ins register too), `op: package.module:Family`, or `op: file.py:Family` (beside the
+case). A family module imports no framework; its implementations (`Family.implementations`) do, and are
+loaded only in the worker of their framework."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
-import inspect
-import re
+import importlib.util
 import sys
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
 
 from harness.case import FieldProblem
+from harness.ops.family import (
+    Impl,
+    Implementations,
+    NotAvailable,
+    OpFamily,
+    code_origin,
+    variant,
+)
 
-FAMILIES = ("swiglu", "moe_combine", "linear")
-
-
-class NotAvailable(Exception):
-    """An implementation that cannot run here (e.g. a GPU-only kernel on CPU): a result, not a crash."""
-
-
-@lru_cache(maxsize=None)
-def _distributions() -> dict[str, list[str]]:
-    return importlib.metadata.packages_distributions()
-
-
-def code_origin(obj: Any) -> str | None:
-    """"<distribution> <version>, <file>" for the installed file that defines obj; None when it belongs to
-    no installed distribution (a user's file) or has no Python source."""
-    try:
-        path = inspect.getsourcefile(obj) or inspect.getfile(obj)
-    except TypeError:  # built-in or C code
-        return None
-    module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
-    distributions = _distributions().get((module or "").partition(".")[0])
-    if not path or not distributions:
-        return None
-    try:
-        version = importlib.metadata.version(distributions[0])
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return f"{distributions[0]} {version}, {path}"
+GROUP = "xfalign.ops"
 
 
-_DOTTED = re.compile(r"(?<![\w./-])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+@cache
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {point.name: point for point in importlib.metadata.entry_points(group=GROUP)}
 
 
-def _named_objects(text: str) -> list[Any]:
-    """Objects a provenance text names by dotted path (e.g. megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl),
-    resolved among modules already imported (nothing is imported here)."""
-    found = []
-    for name in _DOTTED.findall(text):
-        parts = name.split(".")
-        for cut in range(len(parts), 0, -1):
-            module = sys.modules.get(".".join(parts[:cut]))
-            if module is None:
-                continue
-            obj = module
-            for attribute in parts[cut:]:
-                obj = getattr(obj, attribute, None)
-            if obj is not None:
-                found.append(obj)
-            break
-    return found
+def known_families() -> list[str]:
+    return sorted(_entry_points())
 
 
-@dataclass(frozen=True)
-class Impl:
-    """One implementation of an op on one framework, with where its code comes from."""
-
-    fn: Callable[..., Any]
-    provenance: str | Callable[[dict], str]  # a text, or one made from the case's options
-    # options -> the object (function, class, module) whose code does the work, where fn wraps it; by
-    # default the objects the provenance names by dotted path
-    source: Callable[[dict], Any] | None = None
-
-    def provenance_for(self, options: dict) -> str:
-        """The provenance text, then the installed file and distribution version of the code it names and of
-        fn, e.g. "...; megatron-core 0.16.1, /.../megatron/core/fusions/fused_bias_swiglu.py; xfalign 0.1.0, ..."."""
-        text = self.provenance(options) if callable(self.provenance) else self.provenance
-        named = [self.source(options)] if self.source is not None else _named_objects(text)
-        origins = []
-        for obj in [*named, self.fn]:
-            origin = code_origin(obj)
-            if origin and origin not in origins:
-                origins.append(origin)
-        return "; ".join([text, *origins])
+@cache
+def _file_module(path: Path):
+    """A Python file loaded once per run under a name of its own (never put on sys.path)."""
+    name = f"xfalign_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # classes defined there can be found by their module (pickling, inspect)
+    spec.loader.exec_module(module)
+    return module
 
 
-def family_for(op: str):
-    if op not in FAMILIES:
-        raise FieldProblem(("op",), f"unknown op family {op!r}; known: {', '.join(FAMILIES)}")
-    return importlib.import_module(f"harness.ops.{op}").FAMILY
+def load_object(target: str, relative_to: str | Path = "") -> Any:
+    """`package.module:name`, or `path/file.py:name` relative to the folder of `relative_to` (a file)."""
+    where, _, attribute = target.rpartition(":")
+    if where.endswith(".py"):
+        module = _file_module((Path(relative_to).parent / where).resolve())
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, attribute)
 
 
-def framework_impls(op: str, framework: str) -> dict[str, Impl]:
-    """Built-in implementations of an op for a framework (imports that framework)."""
-    return importlib.import_module(f"harness.ops.{op}.{framework}").IMPLS
+@cache
+def _family(op: str, case_source: str) -> OpFamily:
+    if ":" in op:
+        try:
+            cls = load_object(op, case_source)
+        except (ImportError, OSError, AttributeError) as error:
+            raise FieldProblem(("op",), f"cannot load op family {op!r}: {error}") from None
+    elif op in _entry_points():
+        cls = _entry_points()[op].load()
+    else:
+        raise FieldProblem(("op",), f"unknown op family {op!r}; known: {', '.join(known_families())} "
+                                    "(or package.module:Family, file.py:Family)")
+    if not (isinstance(cls, type) and issubclass(cls, OpFamily)):
+        raise FieldProblem(("op",), f"{op} is not an OpFamily subclass")
+    return cls()
+
+
+def family_for(op: str, case_source: str = "") -> OpFamily:
+    """The family a case names (case_source: the case file, for `file.py:Family`)."""
+    return _family(op, case_source if ":" in op else "")
+
+
+def framework_impls(op: str, framework: str, case_source: str = "") -> dict[str, Impl]:
+    """The family's implementations on one framework, by variant name (imports that framework)."""
+    family = family_for(op, case_source)
+    family_file = sys.modules[type(family).__module__].__file__ or ""  # "file.py:Class" is found beside it
+    implementations = load_object(family.implementations[framework], family_file)
+    if not (isinstance(implementations, type) and issubclass(implementations, Implementations)):
+        raise TypeError(f"{family.implementations[framework]} is not an Implementations subclass")
+    return implementations.impls()
+
+
+__all__ = ["Impl", "Implementations", "NotAvailable", "OpFamily", "code_origin", "family_for", "framework_impls",
+           "known_families", "load_object", "variant"]

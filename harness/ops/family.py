@@ -1,6 +1,17 @@
-"""What every op family shares: input and side checks, and the names of captured tensors."""
+"""What an op family is: its rules and tensor names (framework-free), and its implementations, one class
+per framework whose @variant methods are checked against the family's declared variants."""
 
 from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import re
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -9,18 +20,40 @@ from harness.case import Case, FieldProblem
 from harness.dtypes import FLOAT_DTYPES
 
 
-class OpFamily:
-    name: str
-    paddle_variants: tuple[str, ...]
-    megatron_variants: tuple[str, ...] = ("megatron",)
-    upstream: dict[str, str] = {"out": "grad_out"}  # output name -> input holding its upstream gradient
-    signature: tuple[str, ...]  # implementation's tensor parameters, in order (absent ones get None)
-    working_inputs: tuple[str, ...]  # inputs in the working dtype (what a `dtype` sweep sets)
-    # Layout adapter: inputs a framework takes transposed (same bits, last two dims swapped). Their
-    # gradients are transposed back, so every tensor is compared in one layout (torch's).
-    transposed: dict[str, tuple[str, ...]] = {}
+class NotAvailable(Exception):
+    """An implementation that cannot run here (e.g. a GPU-only kernel on CPU): a result, not a crash."""
 
-    options_model: type[BaseModel]
+
+class OpFamily(ABC):
+    """A family of ops compared across frameworks. Subclasses set the REQUIRED class attributes."""
+
+    REQUIRED: ClassVar[tuple[str, ...]] = ("name", "options_model", "signature", "working_inputs", "variants",
+                                           "implementations")
+    name: ClassVar[str]
+    options_model: ClassVar[type[BaseModel]]
+    signature: ClassVar[tuple[str, ...]]  # implementation's tensor parameters, in order (absent ones get None)
+    working_inputs: ClassVar[tuple[str, ...]]  # inputs in the working dtype (what a `dtype` sweep sets)
+    variants: ClassVar[dict[str, tuple[str, ...]]]  # framework -> its variant names
+    implementations: ClassVar[dict[str, str]]  # framework -> "package.module:Class" (or "file.py:Class")
+    upstream: ClassVar[dict[str, str]] = {"out": "grad_out"}  # output -> input holding its upstream gradient
+    no_grad: ClassVar[tuple[str, ...]] = ()  # inputs never differentiated
+    # framework -> {input or output: axis permutation}: what that framework is handed is np.transpose(a, perm);
+    # its outputs and gradients come back through the inverse, so all is compared in the case's layout.
+    layouts: ClassVar[dict[str, dict[str, tuple[int, ...]]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        missing = [a for a in cls.REQUIRED if not hasattr(cls, a)]
+        if missing:
+            raise TypeError(f"op family {cls.__name__} does not set {', '.join(missing)}")
+        if set(cls.variants) != set(cls.implementations):
+            raise TypeError(f"op family {cls.__name__}: variants name frameworks {sorted(cls.variants)}, "
+                            f"implementations {sorted(cls.implementations)}")
+        for framework, perms in cls.layouts.items():
+            for tensor, perm in perms.items():
+                if sorted(perm) != list(range(len(perm))):
+                    raise TypeError(f"op family {cls.__name__}: layout of {tensor} on {framework} is not an axis "
+                                    f"permutation: {perm}")
 
     def parse_options(self, raw: dict):
         try:
@@ -32,23 +65,43 @@ class OpFamily:
     def options(self, case: Case):
         return self.parse_options(case.options)
 
-    # -- per family -------------------------------------------------------------------------
+    # -- per family -------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def validate_inputs(self, case: Case) -> None:
+        """Shapes and dtypes the op needs: raise FieldProblem(path, message)."""
 
     def forward_inputs(self, case: Case) -> list[str]:
-        """Inputs passed to the implementation, in signature order (all differentiable)."""
-        raise NotImplementedError
-
-    def validate_inputs(self, case: Case) -> None:
-        raise NotImplementedError
+        """Inputs passed to the implementation, in signature order."""
+        return [name for name in self.signature if name in case.inputs]
 
     def generate_input(self, name: str, case: Case, rng) -> np.ndarray | None:
         """Inputs the family makes itself (e.g. a routing map); None: the generic generator."""
         return None
 
     def grad_inputs(self, case: Case) -> list[str]:
-        return [n for n in self.forward_inputs(case) if case.inputs[n].dtype in FLOAT_DTYPES]
+        """Inputs whose gradients are captured: float ones not marked as taking none."""
+        return [n for n in self.forward_inputs(case) if case.inputs[n].dtype in FLOAT_DTYPES
+                and n not in self.no_grad and case.inputs[n].grad]
 
-    # -- shared -----------------------------------------------------------------------------
+    def tensor_axes(self, case: Case) -> dict[str, list[str]]:
+        """Names of a tensor's last two axes, where the op knows them (for heatmap labels)."""
+        return {}
+
+    def tensor_notes(self, case: Case) -> dict[str, str]:
+        """What a reader must know to read a tensor's comparison (e.g. its layout)."""
+        return {}
+
+    def deterministic(self, case: Case) -> bool:
+        """Whether sides run under their framework's deterministic algorithms (forward and backward)."""
+        return False
+
+    def extra_outputs(self, case: Case) -> list[str]:
+        """Forward outputs captured beside the differentiated ones (no upstream gradient)."""
+        return []
+
+    # -- shared -----------------------------------------------------------------------------------------
+
     @staticmethod
     def require(case: Case, shapes: dict[str, list[int]], dtype_of: str | None = None, same_dtype: tuple = ()) -> None:
         """Inputs present in the case must have these shapes, and those in same_dtype dtype_of's dtype."""
@@ -61,30 +114,14 @@ class OpFamily:
             if spec is not None and spec.dtype != case.inputs[dtype_of].dtype:
                 raise FieldProblem(("inputs", name, "dtype"), f"{name} must have {dtype_of}'s dtype {case.inputs[dtype_of].dtype}")
 
-    def tensor_axes(self, case: Case) -> dict[str, list[str]]:
-        """Names of a tensor's last two axes, where the op knows them (for heatmap labels)."""
-        return {}
-
-    def tensor_notes(self, case: Case) -> dict[str, str]:
-        """What a reader must know to read a tensor's comparison (e.g. its layout)."""
-        return {}
-
-    def deterministic(self, case: Case) -> bool:
-        """Whether the Megatron side runs under torch.use_deterministic_algorithms (forward and backward)."""
-        return False
-
-    def extra_outputs(self, case: Case) -> list[str]:
-        """Forward outputs captured beside the differentiated ones (no upstream gradient)."""
-        return []
-
     def tensor_names(self, case: Case) -> list[str]:
         """Captured tensors in forward -> backward order."""
         return list(self.upstream) + self.extra_outputs(case) + [f"grad.{n}" for n in self.grad_inputs(case)]
 
-    def default_impl(self, framework: str) -> str | None:
-        return "megatron" if framework == "megatron" else None
-
     def validate(self, case: Case) -> None:
+        from harness.frameworks import adapter_for
+
+
         self.options(case)
         needed = self.forward_inputs(case) + list(self.upstream.values())
         for name in needed:
@@ -93,10 +130,16 @@ class OpFamily:
         for name in case.inputs:
             if name not in needed:
                 raise FieldProblem(("inputs", name), f"input {name!r} is not used by these options (needs {', '.join(needed)})")
+        for name, perm in self.layouts_of(case).items():
+            if name in case.inputs and len(perm) != len(case.inputs[name].shape):
+                raise FieldProblem(("inputs", name, "shape"), f"{name} is {len(perm)}-D for this op, got {case.inputs[name].shape}")
         self.validate_inputs(case)
         for side_name, side in case.sides.items():
-            variants = self.megatron_variants if side.framework == "megatron" else self.paddle_variants
-            impl = side.impl or self.default_impl(side.framework)
+            if side.framework not in self.variants:
+                raise FieldProblem(("sides", side_name, "framework"), f"op {self.name} has no {side.framework} "
+                                   f"implementations (it has {', '.join(self.variants)})")
+            variants = self.variants[side.framework]
+            impl = side.impl or adapter_for(side.framework).default_impl
             if impl is None:
                 raise FieldProblem(("sides", side_name), f"impl is required: one of {', '.join(variants)} or module:function")
             if not side.is_user_function and impl not in variants:
@@ -106,3 +149,125 @@ class OpFamily:
         for name in case.expect.tensors:
             if name not in names:
                 raise FieldProblem(("expect", "tensors", name), f"no tensor {name!r}; this case captures {', '.join(names)}")
+
+    def layouts_of(self, case: Case) -> dict[str, tuple[int, ...]]:
+        """Every permuted tensor of the case's sides, by name (for shape checks)."""
+        return {name: perm for framework in {s.framework for s in case.sides.values()}
+                for name, perm in self.layouts.get(framework, {}).items()}
+
+
+# -- implementations --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of an op on one framework, with where its code comes from."""
+
+    fn: Callable[..., Any]
+    provenance: str | Callable[[dict], str]  # a text, or one made from the case's options
+    # options -> the object (function, class, module) whose code does the work, where fn wraps it; by
+    # default the objects the provenance names by dotted path
+    source: Callable[[dict], Any] | None = None
+
+    def provenance_for(self, options: dict) -> str:
+        """The provenance text, then the installed file and distribution version of the code it names and of
+        fn, e.g. "...; megatron-core 0.16.1, /.../megatron/core/fusions/fused_bias_swiglu.py; xfalign 0.1.0, ..."."""
+        text = self.provenance(options) if callable(self.provenance) else self.provenance
+        named = [self.source(options)] if self.source is not None else _named_objects(text)
+        origins = []
+        for obj in [*named, self.fn]:
+            origin = code_origin(obj)
+            if origin and origin not in origins:
+                origins.append(origin)
+        return "; ".join([text, *origins])
+
+
+class variant:
+    """Marks a function in an Implementations class as the variant of that name: fn(*signature, options)."""
+
+    def __init__(self, provenance: str | Callable[[dict], str], source: Callable[[dict], Any] | None = None):
+        self.provenance, self.source, self.fn = provenance, source, None
+
+    def __call__(self, fn: Callable) -> variant:
+        self.fn = fn
+        return self
+
+    def __get__(self, instance, owner) -> Callable:
+        return self.fn  # the plain function, callable from the class
+
+    def impl(self) -> Impl:
+        return Impl(self.fn, self.provenance, self.source)
+
+
+class Implementations:
+    """Base of a framework's implementations of a family:
+
+        class SwigluPaddle(Implementations, family=SwigluFamily, framework="paddle"):
+            @variant(provenance="...")
+            def fp32_island(x, bias, probs, options): ...
+    """
+
+    family: ClassVar[type[OpFamily]]
+    framework: ClassVar[str]
+
+    def __init_subclass__(cls, family: type[OpFamily], framework: str, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.family, cls.framework = family, framework
+        declared = set(family.variants.get(framework, ()))
+        present = set(cls._variants())
+        if declared != present:
+            raise TypeError(f"{cls.__name__}: {family.name} on {framework} declares variants "
+                            f"{sorted(declared)}, implemented {sorted(present)}")
+
+    @classmethod
+    def _variants(cls) -> dict[str, variant]:
+        return {name: v for name, v in vars(cls).items() if isinstance(v, variant)}
+
+    @classmethod
+    def impls(cls) -> dict[str, Impl]:
+        return {name: v.impl() for name, v in cls._variants().items()}
+
+
+@cache
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def code_origin(obj: Any) -> str | None:
+    """"<distribution> <version>, <file>" for the installed file that defines obj; None when it belongs to
+    no installed distribution (a user's file) or has no Python source."""
+    try:
+        path = inspect.getsourcefile(obj) or inspect.getfile(obj)
+    except TypeError:  # built-in or C code
+        return None
+    module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
+    distributions = _distributions().get((module or "").partition(".")[0])
+    if not path or not distributions:
+        return None
+    try:
+        version = importlib.metadata.version(distributions[0])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return f"{distributions[0]} {version}, {path}"
+
+
+_DOTTED = re.compile(r"(?<![\w./-])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+
+
+def _named_objects(text: str) -> list[Any]:
+    """Objects a provenance text names by dotted path (e.g. megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl),
+    resolved among modules already imported (nothing is imported here)."""
+    found = []
+    for name in _DOTTED.findall(text):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            module = sys.modules.get(".".join(parts[:cut]))
+            if module is None:
+                continue
+            obj = module
+            for attribute in parts[cut:]:
+                obj = getattr(obj, attribute, None)
+            if obj is not None:
+                found.append(obj)
+            break
+    return found

@@ -9,13 +9,31 @@ from urllib.parse import quote
 import numpy as np
 from jinja2 import Environment, PackageLoader
 
-from harness.compare import CaseComparison, TensorPair
-from harness.dtypes import to_numpy_dtype
 from harness.atomic import write_text_atomic
+from harness.compare.case import CaseComparison, TensorResult
+from harness.compare.metrics import ULP_BUCKETS
+from harness.compare.pairs import FloatPair
+from harness.dtypes import to_numpy_dtype
 from harness.errors import safe_name
-from harness.metrics import ULP_BUCKETS
-from harness.reports.text import (NOT_MEASURED, abs_text, classes_text, expectation_text, index_title, rel_text,
-                                  status_label, summary_text, ulp_text, verdict_text)
+from harness.reports.text import (
+    HEATMAP_AXES,
+    NAN_INF,
+    NOT_MEASURED,
+    abs_text,
+    classes_text,
+    dtype_text,
+    expectation_text,
+    findings_lines,
+    index_title,
+    nondeterministic_text,
+    note_text,
+    rel_text,
+    status_label,
+    summary_text,
+    ulp_text,
+    unavailable_text,
+    verdict_text,
+)
 
 STATUS_CLASSES = {"pass": "pass", "fail": "fail", "n/a": "na"}
 MAX_FILE_STEM = 120
@@ -39,26 +57,28 @@ def _index(flat: int | None, shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(int(i)) for i in np.unravel_index(flat, shape)) + "]" if shape else "[]"
 
 
-def _pair_view(pair: TensorPair, first_divergent: str | None) -> dict:
-    digest = pair.a or pair.b
-    stats = pair.stats
+def _tensor_view(result: TensorResult, first_divergent: str | None) -> dict:
+    pair = result.pair
     view = {
         "name": pair.name, "anchor": "t-" + pair.name.replace(".", "-"),
-        "shape": list(digest.shape), "dtype": digest.dtype if not (pair.a and pair.b) or pair.a.dtype == pair.b.dtype
-        else f"{pair.a.dtype} / {pair.b.dtype}",
+        "shape": list(pair.digest.shape), "dtype": dtype_text(pair, " / "),
         "md5_a": pair.a.md5 if pair.a else "-", "md5_b": pair.b.md5 if pair.b else "-",
-        "bitwise": pair.bitwise, "holds": pair.holds, "expectation": expectation_text(pair),
-        "findings": pair.findings, "first_divergent": pair.name == first_divergent, "stats": None,
-        "note": pair.note, "classes": classes_text(pair),
+        "bitwise": pair.bitwise, "holds": result.holds, "expectation": expectation_text(result),
+        "findings": _finding_lines(result),
+        "first_divergent": pair.name == first_divergent, "stats": None,
+        "note": pair.note and note_text(pair.name, pair.note), "classes": classes_text(pair),
     }
-    if stats is None:
+    values = pair.values
+    if values is None:
         return view
-    shape = pair.a.shape
+    stats, shape, dtype = values.stats, values.a.shape, values.a.dtype
+    exact = not isinstance(values, FloatPair)
     total = max(sum(stats.ulp_histogram.values()), 1)
-    at = (lambda flat: _index(flat, shape)) if pair.measured else (lambda flat: NOT_MEASURED)  # noqa: E731
+    measured = isinstance(values, FloatPair) and values.measured
+    at = (lambda flat: _index(flat, shape)) if measured else (lambda flat: NOT_MEASURED)
     view["stats"] = {
         "elements": stats.elements, "differing": stats.differing, "canonical_equal": stats.canonical_equal,
-        "exact": pair.exact,
+        "exact": exact,
         "signed_zero_only": stats.signed_zero_only, "nan_payload_only": stats.nan_payload_only,
         "nan_mismatch": stats.nan_mismatch, "inf_mismatch": stats.inf_mismatch,
         "max_ulp": ulp_text(pair), "max_ulp_at": at(stats.max_ulp_flat_index),
@@ -67,18 +87,26 @@ def _pair_view(pair: TensorPair, first_divergent: str | None) -> dict:
         "histogram": [{"bucket": b, "count": stats.ulp_histogram[b],
                        "height": 0 if not stats.ulp_histogram[b] else max(2, round(100 * stats.ulp_histogram[b] / total))}
                       for b in ULP_BUCKETS],
-        "worst": [{"index": _index(w.flat_index, shape), "ulp": "NaN/Inf" if w.ulp is None else w.ulp,
-                   "a": _value(w.a_bits, pair.a.dtype), "b": _value(w.b_bits, pair.a.dtype),
-                   "a_bits": _hex(w.a_bits, pair.a.dtype), "b_bits": _hex(w.b_bits, pair.a.dtype)}
+        "worst": [{"index": _index(w.flat_index, shape), "ulp": NAN_INF if w.ulp is None else w.ulp,
+                   "a": _value(w.a_bits, dtype), "b": _value(w.b_bits, dtype),
+                   "a_bits": _hex(w.a_bits, dtype), "b_bits": _hex(w.b_bits, dtype)}
                   for w in stats.worst],
     }
-    if pair.mismatches is not None:
-        m = pair.mismatches
-        rows, cols = pair.axes or ["leading dims flattened", "last dim"]
+    if values.mismatches is not None:
+        m = values.mismatches
+        rows, cols = pair.axes or HEATMAP_AXES
         view["heatmap"] = json.dumps({"rows": m.rows, "cols": m.cols, "rowStep": m.row_step, "colStep": m.col_step,
                                       "rowLabel": rows, "colLabel": cols, "counts": m.counts, "maxUlp": m.max_ulp},
                                      separators=(",", ":"))
     return view
+
+
+def _finding_lines(result: TensorResult) -> list[dict]:
+    """What fails the tensor, and its structural differences that only are reported (the numbers are in the table)."""
+    failing = [f for f in result.findings if not f.passed]
+    reported = [f for f in result.findings if f.passed and f.kind in ("missing", "dtype", "shape")]
+    return ([{"text": line, "passed": False} for line in findings_lines(failing)]
+            + [{"text": line, "passed": True} for line in findings_lines(reported)])
 
 
 def case_view(comparison: CaseComparison) -> dict:
@@ -86,7 +114,10 @@ def case_view(comparison: CaseComparison) -> dict:
     sides = []
     for label, side in (("A", comparison.a), ("B", comparison.b)):
         sides.append({"label": label, "name": side.name, "framework": side.framework, "impl": side.impl,
-                      "mode": side.mode, "provenance": side.provenance, "nondeterministic": side.nondeterministic,
+                      "mode": side.mode, "provenance": side.provenance,
+                      "versions": side.environment.get("version_line"),
+                      "nondeterministic": [nondeterministic_text(side.name, name, distinct)
+                                           for name, distinct in side.nondeterministic.items()],
                       "environment": {k: v for k, v in side.environment.items() if v not in (None, {}, "")}})
     return {
         "name": comparison.case_name, "status": comparison.status, "label": status_label(comparison.status),
@@ -94,8 +125,8 @@ def case_view(comparison: CaseComparison) -> dict:
         "verdict": verdict_text(comparison),
         "first_divergent": first.name if first else None, "sides": sides,
         "inputs": {name: d.to_json() for name, d in comparison.inputs.items()},
-        "tensors": [_pair_view(pair, first.name if first else None) for pair in comparison.pairs],
-        "bitwise_count": sum(pair.bitwise for pair in comparison.pairs),
+        "tensors": [_tensor_view(result, first.name if first else None) for result in comparison.tensors],
+        "bitwise_count": sum(result.pair.bitwise for result in comparison.tensors),
     }
 
 
@@ -126,9 +157,9 @@ def report_file_names(case_names: list[str], reserved: tuple[str, ...] = ("index
 def write_index(entries: list[tuple[CaseComparison, Path]], path: str | Path) -> Path:
     # Links are relative file links to the reports beside the index, url-quoted: never a scheme.
     rows = [{"name": c.case_name, "status": c.status, "label": status_label(c.status),
-             "status_class": STATUS_CLASSES[c.status], "reason": c.unavailable, "href": quote(p.name, safe=""),
-             "tensors": len(c.pairs),
-             "bitwise": sum(pair.bitwise for pair in c.pairs),
+             "status_class": STATUS_CLASSES[c.status], "reason": unavailable_text(c), "href": quote(p.name, safe=""),
+             "tensors": len(c.tensors),
+             "bitwise": sum(result.pair.bitwise for result in c.tensors),
              "first_divergent": c.first_divergent.name if c.first_divergent else None} for c, p in entries]
     title = index_title([c.status for c, _ in entries])
     return write_text_atomic(path, _env.get_template("index.html.j2").render(cases=rows, title=title))

@@ -1,43 +1,72 @@
 """The full comparison as JSON: strict (no Infinity/NaN literals: non-finite floats are the strings
 "inf", "-inf", "nan"), versioned, and one shape for one case or many:
-{"format": "xfalign-report/1", "cases": [...]}."""
+{"format": "xfalign-report/2", "cases": [...]}. Each tensor carries its findings as data, each with
+its words from reports/text.py.
+
+/2 (from /1): per tensor, "pair" (its kind) and "findings" as objects; "exact" is gone (pair says it);
+per case, "unavailable" (side -> reason) beside "reason".
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
-from harness.compare import CaseComparison, TensorPair
 from harness.atomic import write_text_atomic
-from harness.reports.text import expectation_text, finite_or_text, verdict_text
+from harness.compare.case import CaseComparison, TensorResult
+from harness.compare.pairs import FloatPair
+from harness.reports.text import (
+    expectation_text,
+    finding_text,
+    unavailable_text,
+    verdict_text,
+)
 
-FORMAT = "xfalign-report/1"
+FORMAT = "xfalign-report/2"
 # Numbers that do not apply to a pair are null: ULP on integer/bool tensors, and distances when every
 # difference is a NaN/Inf class mismatch (their counts are nan_mismatch and inf_mismatch).
 _ULP_KEYS = ("max_ulp", "max_ulp_flat_index", "ulp_histogram")
 _ERROR_KEYS = ("max_abs", "max_abs_flat_index", "max_rel", "max_rel_flat_index")
 
 
-def _pair(pair: TensorPair) -> dict:
-    stats = None
-    if pair.stats is not None:
-        stats = dataclasses.asdict(pair.stats) | {"bitwise_equal": pair.stats.bitwise_equal,
-                                                  "canonical_equal": pair.stats.canonical_equal}
-        if not pair.measured:
-            stats |= dict.fromkeys(_ERROR_KEYS + (_ULP_KEYS if pair.exact else _ULP_KEYS[:2]))
+def finite_or_text(value):
+    """JSON has no inf or NaN: non-finite floats become "inf", "-inf", "nan" (recursively)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: finite_or_text(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_text(item) for item in value]
+    return value
+
+
+def _stats(result: TensorResult) -> dict | None:
+    values = result.pair.values
+    if values is None:
+        return None
+    s = values.stats
+    stats = dataclasses.asdict(s) | {"bitwise_equal": s.bitwise_equal, "canonical_equal": s.canonical_equal}
+    if not isinstance(values, FloatPair):
+        return stats | dict.fromkeys(_ERROR_KEYS + _ULP_KEYS)
+    return stats if values.measured else stats | dict.fromkeys(_ERROR_KEYS + _ULP_KEYS[:2])
+
+
+def _tensor(result: TensorResult) -> dict:
+    pair = result.pair
     return {
         "name": pair.name,
-        "expectation": expectation_text(pair),
-        "exact": pair.exact,
-        "holds": pair.holds,
+        "pair": type(pair).__name__,
+        "expectation": expectation_text(result),
+        "holds": result.holds,
         "bitwise": pair.bitwise,
         "a": pair.a and pair.a.to_json(),
         "b": pair.b and pair.b.to_json(),
-        "findings": pair.findings,
+        "findings": [finding.to_json() | {"text": finding_text(finding)} for finding in result.findings],
         "note": pair.note,
         "axes": pair.axes,
-        "stats": stats,
+        "stats": _stats(result),
     }
 
 
@@ -47,12 +76,13 @@ def comparison_json(comparison: CaseComparison) -> dict:
         "case": comparison.case_name,
         "status": comparison.status,  # "pass" | "fail" | "n/a"
         "passed": comparison.status == "pass",
-        "reason": comparison.unavailable,  # why it is N/A, else null
+        "reason": unavailable_text(comparison),  # why it is N/A, else null
+        "unavailable": comparison.unavailable,
         "verdict": verdict_text(comparison),
         "first_divergent": first and first.name,
         "sides": {"a": dataclasses.asdict(comparison.a), "b": dataclasses.asdict(comparison.b)},
         "inputs": {name: d.to_json() for name, d in comparison.inputs.items()},
-        "tensors": [_pair(pair) for pair in comparison.pairs],
+        "tensors": [_tensor(result) for result in comparison.tensors],
     }
 
 

@@ -1,55 +1,77 @@
-"""Terminal report: one rich table row per tensor and a one-line verdict per case."""
+"""Terminal report: one rich table row per tensor and a one-line verdict per case (words from text.py)."""
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from harness.compare import CaseComparison, SideInfo
-from harness.gate import GateResult
+from harness.compare.case import CaseComparison, SideInfo
 from harness.dump import Dump
-from harness.reports.text import (abs_text, classes_text, expectation_text, nondeterministic_text, side_dumped_text,
-                                  side_unavailable_text, status_label, ulp_text, verdict_text)
+from harness.gate import GateResult
+from harness.reports.text import (
+    CODE_CHANGED,
+    GATE_LABELS,
+    NOT_MEASURED,
+    TABLE_COLUMNS,
+    abs_text,
+    classes_text,
+    differing_text,
+    dtype_text,
+    environment_changed_text,
+    expectation_text,
+    findings_lines,
+    gate_lines,
+    gate_pass_text,
+    nondeterministic_text,
+    note_text,
+    side_dumped_text,
+    side_text,
+    side_unavailable_text,
+    status_label,
+    ulp_text,
+    verdict_text,
+    yes_no,
+)
 
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "n/a": "bold yellow"}
+_JUSTIFY: tuple[JustifyMethod, ...] = ("left",) * 5 + ("center",) + ("right",) * 4 + ("left", "center")  # per column of TABLE_COLUMNS
+STRUCTURAL = ("missing", "dtype", "shape", "not-applicable")  # findings listed under the table, and marked in it
+
+
+def _plain(console: Console, line: str) -> None:
+    console.print(line, highlight=False, markup=False)
 
 
 def _side_line(label: str, side: SideInfo) -> str:
-    env = side.environment
-    versions = ", ".join(f"{k} {env[k]}" for k in ("torch", "megatron_core", "paddle") if env.get(k))
-    mode = f" ({side.mode})" if side.mode else ""
-    device = env.get("device_name") or env.get("device")
-    where = f" on {device}" if device else ""  # a side that could not run records no environment
-    line = escape(f"{label} {side.name}: {side.impl}{mode}{where}" + (f"; {versions}" if versions else ""))
-    return line + (f"\n    {escape(side.provenance)}" if side.provenance != "-" else "")
+    line = escape(side_text(label, side))
+    could_not_run = side.provenance == "-"
+    return line + ("" if could_not_run else f"\n    {escape(side.provenance)}")
 
 
 def comparison_table(comparison: CaseComparison) -> Table:
     table = Table(title=escape(comparison.case_name), title_justify="left")
-    for column, justify in [("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("md5 A", "left"),
-                            ("md5 B", "left"), ("bitwise", "center"), ("differing", "right"), ("NaN/Inf", "right"),
-                            ("max ULP", "right"), ("max abs", "right"), ("expect", "left"), ("holds", "center")]:
+    for column, justify in zip(TABLE_COLUMNS, _JUSTIFY, strict=True):
         table.add_column(column, justify=justify)
-    for pair in comparison.pairs:
-        digest = pair.a or pair.b
-        stats = pair.stats
+    for result in comparison.tensors:
+        pair = result.pair
+        structural = any(f.kind in STRUCTURAL[:3] for f in result.findings)  # the shape cell is marked
         cells = [  # plain text: names and shapes are never read as rich markup
             pair.name,
-            str(list(digest.shape)) + ("*" if pair.findings else ""),
-            digest.dtype if not (pair.a and pair.b and pair.a.dtype != pair.b.dtype) else f"{pair.a.dtype}/{pair.b.dtype}",
-            pair.a.md5[:8] if pair.a else "-",
-            pair.b.md5[:8] if pair.b else "-",
-            Text("yes", "green") if pair.bitwise else Text("no", "red"),
-            f"{stats.differing:,}" if stats else "-",
+            str(list(pair.digest.shape)) + ("*" if structural else ""),
+            dtype_text(pair),
+            pair.a.md5[:8] if pair.a else NOT_MEASURED,
+            pair.b.md5[:8] if pair.b else NOT_MEASURED,
+            Text(yes_no(pair.bitwise), "green" if pair.bitwise else "red"),
+            differing_text(pair),
             classes_text(pair),
             ulp_text(pair),
             abs_text(pair),
-            expectation_text(pair),
-            Text("yes", "green") if pair.holds else Text("NO", "bold red"),
+            expectation_text(result),
+            Text(yes_no(result.holds, "NO"), "green" if result.holds else "bold red"),
         ]
-        table.add_row(*(cell if isinstance(cell, Text) else Text(cell) for cell in cells))
+        table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells))
     return table
 
 
@@ -62,14 +84,14 @@ def verdict_line(comparison: CaseComparison) -> str:
 def print_nondeterministic(side: str, nondeterministic: dict[str, int], console: Console) -> None:
     """One line per tensor whose digest varied over the repeats of one side."""
     for name, distinct in nondeterministic.items():
-        console.print(f"  ! {nondeterministic_text(side, name, distinct)}", highlight=False, markup=False)
+        _plain(console, f"  ! {nondeterministic_text(side, name, distinct)}")
 
 
 def print_side_dump(case_id: str, side: str, dump: Dump, path, console: Console) -> None:
     """What one side run alone (`run --side`) produced: where, whether it could run, what varied over repeats."""
     if "unavailable" in dump.meta:
-        console.print(side_unavailable_text(case_id, side, dump.meta["unavailable"]), highlight=False, markup=False)
-    console.print(side_dumped_text(case_id, side, len(dump.tensors), path), highlight=False, markup=False)
+        _plain(console, side_unavailable_text(case_id, side, dump.meta["unavailable"]))
+    _plain(console, side_dumped_text(case_id, side, len(dump.tensors), path))
     print_nondeterministic(side, dump.nondeterministic, console)
 
 
@@ -80,23 +102,22 @@ def print_comparison(comparison: CaseComparison, console: Console) -> None:
         console.print(comparison_table(comparison))
     for side in (comparison.a, comparison.b):
         print_nondeterministic(side.name, side.nondeterministic, console)
-    for pair in comparison.pairs:
-        if pair.findings:
-            console.print(f"  * {pair.name}: " + "; ".join(pair.findings), highlight=False, markup=False)
-        if pair.note:
-            console.print(f"  note: {pair.name} {pair.note}", highlight=False, markup=False)
+    for result in comparison.tensors:
+        for line in findings_lines([f for f in result.findings if f.kind in STRUCTURAL]):
+            _plain(console, f"  * {line}")
+        if result.pair.note:
+            _plain(console, f"  note: {note_text(result.name, result.pair.note)}")
     console.print(verdict_line(comparison))
 
 
 def print_gate_result(result: GateResult, console: Console) -> None:
     if result.passed:
-        console.print(f"[bold green]GATE PASS[/] {escape(result.case_id)}: expectations hold, digests match the golden")
+        console.print(f"[{STATUS_STYLES['pass']}]{GATE_LABELS[True]}[/] {escape(gate_pass_text(result.case_id))}")
         return
-    console.print(f"[bold red]GATE FAIL[/] {escape(result.case_id)}:")
-    for problem in result.problems:
-        console.print(f"  [{problem.kind}] {problem.text}", highlight=False, markup=False)
+    console.print(f"[{STATUS_STYLES['fail']}]{GATE_LABELS[False]}[/] {escape(result.case_id)}:")
+    for line in gate_lines(result.failures):
+        _plain(console, f"  {line}")
     if result.environment_changes:
-        console.print("  environment changed since the golden: " + "; ".join(result.environment_changes),
-                      highlight=False, markup=False)
+        _plain(console, f"  {environment_changed_text(result.environment_changes)}")
     elif result.drifted:
-        console.print("  environment fingerprint unchanged since the golden: the code changed", highlight=False)
+        _plain(console, f"  {CODE_CHANGED}")

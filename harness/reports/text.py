@@ -1,94 +1,214 @@
-"""The words of every result, in one place: the terminal, JSON, HTML reports, the gate and the pytest
-plugin say what they say through these functions (plain text; each reporter escapes for its medium)."""
+"""The words of every result, in one place: findings, verdicts, tables and gate lines. The terminal,
+JSON and HTML reports, the gate and the pytest plugin say what they say through this module (plain
+text; each reporter escapes for its medium). Nothing here decides a verdict."""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
+from itertools import groupby
 from typing import TYPE_CHECKING
 
-from harness.case import MaxUlp, describe_expectation
+from harness.compare.findings import GOLDEN, PAIR_KINDS, Finding
+from harness.fingerprint import label as field_label
 
-if TYPE_CHECKING:  # compare.py imports this module: types only
-    from harness.compare import CaseComparison, TensorPair
+if TYPE_CHECKING:
+    from harness.compare.case import CaseComparison, SideInfo, TensorResult
+    from harness.compare.pairs import Pair
 
 STATUS_LABELS = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A"}
-NOT_MEASURED = "-"  # a number that does not apply (no stats, an exact dtype, only NaN/Inf mismatches)
+GATE_LABELS = {True: "GATE PASS", False: "GATE FAIL"}  # by whether the gate passed
+NOT_MEASURED = "-"
+NAN_INF = "NaN/Inf"  # a worst element's distance when it is a NaN/Inf class mismatch  # a number that does not apply (no stats, an exact dtype, only NaN/Inf mismatches)
+TABLE_COLUMNS = ("tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "differing", "NaN/Inf", "max ULP",
+                 "max abs", "expect", "holds")
+HEATMAP_AXES = ("leading dims flattened", "last dim")  # where the op does not name its last two axes
+GOLDEN_HEADER = "# xfalign golden. Update: xfalign gate CASE --baseline DIR --update\n"
 
 
 def status_label(status: str) -> str:
     return STATUS_LABELS[status]
 
 
-def expectation_text(pair: TensorPair) -> str:
-    """The expectation as it applies to this pair: max_ulp on an integer or bool tensor is equality."""
-    if pair.exact and isinstance(pair.expectation, MaxUlp):
-        return f"equality ({pair.a.dtype})"
-    return describe_expectation(pair.expectation)
+def yes_no(value: bool, no: str = "no") -> str:
+    return "yes" if value else no
 
 
-def ulp_text(pair: TensorPair) -> str:
-    return str(pair.stats.max_ulp) if pair.measured else NOT_MEASURED
+# -- numbers of a pair ---------------------------------------------------------------------------------
+
+
+def _measured(pair: Pair):
+    """The pair's element stats where its distances mean something, else None."""
+    values = pair.values
+    return values.stats if values is not None and getattr(values, "measured", False) else None
+
+
+def ulp_text(pair: Pair) -> str:
+    stats = _measured(pair)
+    return NOT_MEASURED if stats is None else str(stats.max_ulp)
 
 
 def error_text(value: float | None, digits: int = 3) -> str:
     return NOT_MEASURED if value is None else f"{value:.{digits}g}"
 
 
-def abs_text(pair: TensorPair, digits: int = 3) -> str:
-    return error_text(pair.stats.max_abs if pair.measured else None, digits)
+def abs_text(pair: Pair, digits: int = 3) -> str:
+    stats = _measured(pair)
+    return error_text(None if stats is None else stats.max_abs, digits)
 
 
-def rel_text(pair: TensorPair, digits: int = 3) -> str:
-    return error_text(pair.stats.max_rel if pair.measured else None, digits)
+def rel_text(pair: Pair, digits: int = 3) -> str:
+    stats = _measured(pair)
+    return error_text(None if stats is None else stats.max_rel, digits)
 
 
-def classes_text(pair: TensorPair) -> str:
-    """NaN and Inf mismatches, as "NaN/Inf" counts."""
-    if pair.stats is None or pair.exact:
+def classes_text(pair: Pair) -> str:
+    """NaN and Inf mismatches, as "NaN/Inf" counts (floats only)."""
+    values = pair.values
+    if values is None or not hasattr(values, "measured"):
         return NOT_MEASURED
-    return f"{pair.stats.nan_mismatch}/{pair.stats.inf_mismatch}"
+    return f"{values.stats.nan_mismatch}/{values.stats.inf_mismatch}"
+
+
+def differing_text(pair: Pair) -> str:
+    return NOT_MEASURED if pair.values is None else f"{pair.values.stats.differing:,}"
+
+
+def dtype_text(pair: Pair, separator: str = "/") -> str:
+    if pair.a and pair.b and pair.a.dtype != pair.b.dtype:
+        return f"{pair.a.dtype}{separator}{pair.b.dtype}"
+    return pair.digest.dtype
+
+
+def expectation_text(result: TensorResult) -> str:
+    return result.expectation.describe()
+
+
+def note_text(name: str, note: str) -> str:
+    return f"{name} is {note}"
+
+
+# -- findings ------------------------------------------------------------------------------------------
 
 
 def _first(index: int | None) -> str:
     return "" if index is None else f" (first at flat index {index})"
 
 
-def difference_text(pair: TensorPair) -> str:
-    """How two tensors differ, in one line."""
-    if pair.findings:
-        return "; ".join(pair.findings)
-    s = pair.stats
-    parts = [f"{s.differing:,} of {s.elements:,} elements differ"]
-    if pair.exact:
-        return parts[0]
-    if pair.measured:
-        where = f" (max at flat index {s.max_ulp_flat_index})" if s.max_ulp_flat_index is not None else ""
-        parts += [f"max {s.max_ulp} ULP{where}", f"max abs {s.max_abs:.3g}"]
-    if s.nan_mismatch or s.inf_mismatch:
-        parts.append(f"{s.nan_mismatch} NaN and {s.inf_mismatch} Inf mismatches")
-    if s.signed_zero_only:
-        parts.append(f"{s.signed_zero_only} differ only in the sign of zero"
-                     + _first(s.signed_zero_first_index))
-    if s.nan_payload_only:
-        parts.append(f"{s.nan_payload_only} differ only in NaN payload"
-                     + _first(s.nan_payload_first_index))
+def _float_values(d: dict) -> str:
+    parts = [f"{d['differing']:,} of {d['elements']:,} elements differ"]
+    if d["measured"]:
+        where = f" (max at flat index {d['max_ulp_flat_index']})" if d["max_ulp_flat_index"] is not None else ""
+        parts += [f"max {d['max_ulp']} ULP{where}", f"max abs {d['max_abs']:.3g}"]
+    if d["nan_mismatch"] or d["inf_mismatch"]:
+        parts.append(f"{d['nan_mismatch']} NaN and {d['inf_mismatch']} Inf mismatches")
+    if d["signed_zero_only"]:
+        parts.append(f"{d['signed_zero_only']} differ only in the sign of zero" + _first(d["signed_zero_first_index"]))
+    if d["nan_payload_only"]:
+        parts.append(f"{d['nan_payload_only']} differ only in NaN payload" + _first(d["nan_payload_first_index"]))
     return ", ".join(parts)
 
 
-def failure_text(pair: TensorPair) -> str:
-    """Why an expectation does not hold, in one line."""
-    return f"{pair.name}: expected {expectation_text(pair)}, but {difference_text(pair)}"
+def _digest(d: dict | None) -> str:
+    return "none" if d is None else f"{d['dtype']} {d['shape']} {d['md5'][:8]}"
+
+
+def _recorded(value) -> str:
+    return "not recorded" if value is None else str(value)
+
+
+_DETAILS: dict[str, Callable[[dict], str]] = {
+    "missing": lambda d: f"missing on side {d['side']}",
+    "dtype": lambda d: f"dtype differs: {d['a']} vs {d['b']}",
+    "shape": lambda d: f"shape differs: {d['a']} vs {d['b']}" + ("; values compared flattened" if d["flattened"] else ""),
+    "float-values": _float_values,
+    "exact-values": lambda d: f"{d['differing']:,} of {d['elements']:,} elements differ",
+    "not-applicable": lambda d: f"{d['expectation']} does not apply to {d['dtype']} values, which are equal or not "
+                                "(expect bitwise)",
+    "digest": lambda d: f"digest {d['a'][:8]} → {d['b'][:8]}"
+                        + (", yet every element is equal" if d["values"] else " (the golden holds no values to measure ULP)"),
+    "input": lambda d: f"{_digest(d['golden'])} → {_digest(d['now'])}",
+    "nondeterministic": lambda d: f"{d['distinct']} different digests in {d['repeats']} repeats on side {d['side']} "
+                                  "(nondeterministic there; not a cross-framework difference)",
+    "no-golden": lambda d: "no golden yet: run with --update to record one",
+    "environment": lambda d: f"{field_label(d['field'])} {_recorded(d['golden'])} → {_recorded(d['now'])}",
+}
+
+
+def detail_text(finding: Finding) -> str:
+    """What was found, without whose it is: e.g. "3 of 64 elements differ, max 1 ULP, max abs 0.002"."""
+    if finding.expected == GOLDEN and finding.kind == "missing":
+        return "new tensor, not in the golden" if finding.data["side"] == "A" else "in the golden, not produced now"
+    return _DETAILS[finding.kind](finding.data)
+
+
+def _lead(finding: Finding) -> str:
+    """Whose the finding is, and what it was held to, before its details."""
+    if finding.kind == "input":
+        return f"input {finding.tensor}: "
+    drifted = finding.expected == GOLDEN and finding.kind != "missing"
+    if drifted:
+        return f"{finding.tensor}: drifted from the golden: "
+    if finding.expected not in (None, GOLDEN) and not finding.passed:
+        return f"{finding.tensor}: expected {finding.expected}, but "
+    return f"{finding.tensor}: " if finding.tensor else ""
+
+
+def finding_text(finding: Finding) -> str:
+    """One finding in one line, with whose it is and what it was held to."""
+    return _lead(finding) + detail_text(finding)
+
+
+def _grouped(findings: list[Finding]) -> list[list[Finding]]:
+    """A tensor's findings under one judgement together (e.g. its shape and its values); others alone."""
+    def key(finding: Finding):
+        return (finding.tensor, finding.expected, finding.passed) if finding.kind in PAIR_KINDS else id(finding)
+
+    return [list(group) for _, group in groupby(findings, key=key)]
+
+
+def _line(group: list[Finding]) -> str:
+    return _lead(group[0]) + "; ".join(detail_text(f) for f in group)
+
+
+def findings_lines(findings: list[Finding]) -> list[str]:
+    """One line per tensor and judgement, one per other finding."""
+    return [_line(group) for group in _grouped(findings)]
+
+
+def _gate_label(finding: Finding) -> str:
+    if finding.expected == GOLDEN:
+        return "drift"
+    return "expectation" if finding.expected is not None else finding.kind
+
+
+def gate_lines(findings: list[Finding]) -> list[str]:
+    """As findings_lines, each after its kind in brackets: [expectation], [drift], [input], ..."""
+    return [f"[{_gate_label(group[0])}] {_line(group)}" for group in _grouped(findings)]
+
+
+def environment_change_text(finding: Finding) -> str:
+    return f"{finding.tensor}: {detail_text(finding)}"
+
+
+# -- cases ---------------------------------------------------------------------------------------------
 
 
 def not_available_text(reason: str) -> str:
     return f"not available here: {reason}"
 
 
+def unavailable_text(comparison: CaseComparison) -> str | None:
+    """Why nothing was compared (a side could not run here), or None."""
+    if not comparison.unavailable:
+        return None
+    return "; ".join(f"side {side!r}: {reason}" for side, reason in comparison.unavailable.items())
+
+
 def summary_text(comparison: CaseComparison) -> str:
     if comparison.status == "n/a":
-        return not_available_text(comparison.unavailable)
-    bitwise = sum(pair.bitwise for pair in comparison.pairs)
-    return f"{len(comparison.pairs)} tensors, {bitwise} bitwise equal"
+        return not_available_text(unavailable_text(comparison) or "")
+    bitwise = sum(result.pair.bitwise for result in comparison.tensors)
+    return f"{len(comparison.tensors)} tensors, {bitwise} bitwise equal"
 
 
 def verdict_text(comparison: CaseComparison) -> str:
@@ -97,8 +217,18 @@ def verdict_text(comparison: CaseComparison) -> str:
     if comparison.status == "pass":
         return f"{summary}; every expectation holds"
     if comparison.status == "fail":
-        return f"{summary}; " + "; ".join(failure_text(pair) for pair in comparison.failing)
+        failures = [finding for result in comparison.failing for finding in result.failures]
+        return f"{summary}; " + "; ".join(findings_lines(failures))
     return summary
+
+
+def side_text(label: str, side: SideInfo) -> str:
+    """A side in one line: what ran, where, and the versions its framework adapter named."""
+    mode = f" ({side.mode})" if side.mode else ""
+    device = side.environment.get("device_name") or side.environment.get("device")
+    where = f" on {device}" if device else ""  # a side that could not run records no environment
+    versions = side.environment.get("version_line")
+    return f"{label} {side.name}: {side.impl}{mode}{where}" + (f"; {versions}" if versions else "")
 
 
 def nondeterministic_text(side: str, tensor: str, distinct: int) -> str:
@@ -121,12 +251,37 @@ def index_title(statuses: list[str]) -> str:
     return title
 
 
-def finite_or_text(value):
-    """JSON has no inf or NaN: non-finite floats become "inf", "-inf", "nan" (recursively)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {key: finite_or_text(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_or_text(item) for item in value]
-    return value
+# -- the gate ------------------------------------------------------------------------------------------
+
+
+def gate_pass_text(case_id: str) -> str:
+    return f"{case_id}: expectations hold, digests match the golden"
+
+
+def environment_changed_text(changes: list[str]) -> str:
+    return "environment changed since the golden: " + "; ".join(changes)
+
+
+CODE_CHANGED = "environment fingerprint unchanged since the golden: the code changed"
+
+
+def update_text(created: bool, changed: list[str]) -> str:
+    """What a golden update did."""
+    if created:
+        return "created"
+    return "updated: " + ", ".join(changed) if changed else "unchanged"
+
+
+def changed_tensor_text(side: str, name: str) -> str:
+    return f"{side}/{name}"
+
+
+def changed_input_text(name: str) -> str:
+    return f"input {name}"
+
+
+def missing_class_text(root, environment_class: str, present: list[str], case_files: list[str]) -> str:
+    """One line for a machine whose class has no goldens: which class it is, how to create them."""
+    there = f" (classes there: {', '.join(present)})" if present else ""
+    return (f"this run's environment class is {environment_class}; {root} has no goldens for it{there}. "
+            f"Create them with: xfalign gate {' '.join(case_files)} --baseline {root} --update")

@@ -23,10 +23,12 @@ class LinearOptions(Strict):
 class LinearFamily(OpFamily):
     name = "linear"
     options_model = LinearOptions
-    paddle_variants = ("matmul_add", "functional_linear", "fused_linear")
+    variants = {"megatron": ("megatron",), "paddle": ("matmul_add", "functional_linear", "fused_linear")}
+    implementations = {"megatron": "harness.ops.linear.megatron:LinearMegatron",
+                       "paddle": "harness.ops.linear.paddle:LinearPaddle"}
     signature = ("x", "weight", "bias")
     working_inputs = ("x", "weight", "bias", "grad_out")
-    transposed = {"paddle": ("weight",)}
+    layouts = {"paddle": {"weight": (1, 0)}}  # Paddle's [in, out]
 
     def tensor_axes(self, case: Case) -> dict[str, list[str]]:
         return {"out": ["row", "out feature"], "grad.x": ["row", "in feature"], "grad.weight": ["out feature", "in feature"]}
@@ -48,5 +50,3 @@ class LinearFamily(OpFamily):
         expected = {"bias": [out_features], "grad_out": x.shape[:-1] + [out_features]}
         self.require(case, expected, dtype_of="x", same_dtype=("weight", "bias", "grad_out"))
 
-
-FAMILY = LinearFamily()

@@ -11,7 +11,8 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.model_parallel_config import ModelParallelConfig
 
-from harness.ops import Impl, NotAvailable
+from harness.ops.family import Implementations, NotAvailable, variant
+from harness.ops.linear import LinearFamily
 
 
 def _free_port() -> int:
@@ -34,29 +35,28 @@ def model_parallel(device: str):
         torch.distributed.destroy_process_group()
 
 
-def megatron(x, weight, bias, options):
-    config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=weight.dtype,
-                                 gradient_accumulation_fusion=options["gradient_accumulation_fusion"])
-    device = x.device.type
-    with model_parallel(device):
-        if device == "cuda":
-            tensor_parallel.random.model_parallel_cuda_manual_seed(0)
-        try:
-            layer = tensor_parallel.ColumnParallelLinear(
-                weight.shape[1], weight.shape[0], config=config, init_method=torch.nn.init.zeros_,
-                bias=bias is not None, gather_output=False, skip_weight_param_allocation=True)
-        except RuntimeError as error:
-            if "gradient_accumulation_fusion" in str(error):
-                raise NotAvailable(f"gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda: {error}") from None
-            raise
-        if bias is not None:
-            del layer.bias  # use the harness's tensor, so its gradient lands where it is captured
-            layer.bias = bias
-        layer.to(device)
-        # Megatron's input is [s, b, h]; a 2-D x is [M, 1, h] (same GEMM, rows flattened)
-        out, _ = layer(x if x.dim() == 3 else x.unsqueeze(1), weight=weight)
-    return out if x.dim() == 3 else out.squeeze(1)
-
-
-IMPLS = {"megatron": Impl(megatron, "megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (TP=1, "
-                                    "gradient_accumulation_fusion as in the case)")}
+class LinearMegatron(Implementations, family=LinearFamily, framework="megatron"):
+    @variant(provenance="megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (TP=1, "
+                        "gradient_accumulation_fusion as in the case)")
+    def megatron(x, weight, bias, options):
+        config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=weight.dtype,
+                                     gradient_accumulation_fusion=options["gradient_accumulation_fusion"])
+        device = x.device.type
+        with model_parallel(device):
+            if device == "cuda":
+                tensor_parallel.random.model_parallel_cuda_manual_seed(0)
+            try:
+                layer = tensor_parallel.ColumnParallelLinear(
+                    weight.shape[1], weight.shape[0], config=config, init_method=torch.nn.init.zeros_,
+                    bias=bias is not None, gather_output=False, skip_weight_param_allocation=True)
+            except RuntimeError as error:
+                if "gradient_accumulation_fusion" in str(error):
+                    raise NotAvailable(f"gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda: {error}") from None
+                raise
+            if bias is not None:
+                del layer.bias  # use the harness's tensor, so its gradient lands where it is captured
+                layer.bias = bias
+            layer.to(device)
+            # Megatron's input is [s, b, h]; a 2-D x is [M, 1, h] (same GEMM, rows flattened)
+            out, _ = layer(x if x.dim() == 3 else x.unsqueeze(1), weight=weight)
+        return out if x.dim() == 3 else out.squeeze(1)

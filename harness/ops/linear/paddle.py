@@ -6,7 +6,8 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
-from harness.ops import Impl, NotAvailable
+from harness.ops.family import Implementations, NotAvailable, variant
+from harness.ops.linear import LinearFamily
 
 FP32 = paddle.float32
 
@@ -34,5 +35,11 @@ def fused_linear(x, weight, bias, options):
     return fused(x, weight, bias)
 
 
-IMPLS = {name: Impl(fn, f"xfalign Paddle variant: {name} (harness/ops/linear/paddle.py)")
-         for name, fn in [("matmul_add", matmul_add), ("functional_linear", functional_linear), ("fused_linear", fused_linear)]}
+def _provenance(name: str) -> str:
+    return f"xfalign Paddle variant: {name} (harness/ops/linear/paddle.py)"
+
+
+class LinearPaddle(Implementations, family=LinearFamily, framework="paddle"):
+    matmul_add = variant(_provenance("matmul_add"))(matmul_add)
+    functional_linear = variant(_provenance("functional_linear"))(functional_linear)
+    fused_linear = variant(_provenance("fused_linear"))(fused_linear)

@@ -25,7 +25,7 @@ class MoeCombineOptions(Strict):
     topk: int = Field(ge=1)
     routing: Literal["map", "router"] = "map"
     apply_probs: bool = True  # probs applied in unpermute (before mcore 0.13) or by the experts (since)
-    deterministic: bool = False  # torch.use_deterministic_algorithms: index_add_ instead of scatter_add_
+    deterministic: bool = False  # deterministic algorithms (Megatron: index_add_ instead of scatter_add_)
     empty_experts: int = Field(0, ge=0)  # experts that receive no token (routing: map)
 
     @model_validator(mode="after")
@@ -38,7 +38,9 @@ class MoeCombineOptions(Strict):
 class MoeCombineFamily(OpFamily):
     name = "moe_combine"
     options_model = MoeCombineOptions
-    paddle_variants = ("default", "fp32_accumulate", "gather_sum")
+    variants = {"megatron": ("megatron",), "paddle": ("default", "fp32_accumulate", "gather_sum")}
+    implementations = {"megatron": "harness.ops.moe_combine.megatron:MoeCombineMegatron",
+                       "paddle": "harness.ops.moe_combine.paddle:MoeCombinePaddle"}
     signature = ("expert_out", "probs", "routing_map", "logits")
     working_inputs = ("expert_out", "grad_out")
 
@@ -58,13 +60,6 @@ class MoeCombineFamily(OpFamily):
         by_expert = ["token", "expert"]
         return {"out": ["token", "hidden"], "grad.expert_out": ["permuted row (expert-major)", "hidden"],
                 "grad.probs": by_expert, "grad.logits": by_expert, "routing.probs": by_expert, "routing.map": by_expert}
-
-    def grad_inputs(self, case: Case) -> list[str]:
-        options = self.options(case)
-        names = ["expert_out"]
-        if options.apply_probs:
-            names.append("logits" if options.routing == "router" else "probs")
-        return names
 
     def validate_inputs(self, case: Case) -> None:
         options = self.options(case)
@@ -97,5 +92,3 @@ class MoeCombineFamily(OpFamily):
         np.put_along_axis(routing, choices, True, axis=1)
         return routing
 
-
-FAMILY = MoeCombineFamily()

@@ -8,7 +8,8 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from harness.ops import Impl
+from harness.ops.family import Implementations, variant
+from harness.ops.moe_combine import MoeCombineFamily
 
 FP32 = paddle.float32
 
@@ -85,5 +86,11 @@ def gather_sum(expert_out, scale, rows):
     return paddle.sum(gathered.cast(dtype), axis=1)
 
 
-IMPLS = {name: Impl(fn, f"xfalign Paddle variant: {name} (harness/ops/moe_combine/paddle.py)")
-         for name, fn in [("default", default), ("fp32_accumulate", fp32_accumulate), ("gather_sum", gather_sum)]}
+def _provenance(name: str) -> str:
+    return f"xfalign Paddle variant: {name} (harness/ops/moe_combine/paddle.py)"
+
+
+class MoeCombinePaddle(Implementations, family=MoeCombineFamily, framework="paddle"):
+    default = variant(_provenance("default"))(default)
+    fp32_accumulate = variant(_provenance("fp32_accumulate"))(fp32_accumulate)
+    gather_sum = variant(_provenance("gather_sum"))(gather_sum)

@@ -44,7 +44,9 @@ class SwigluOptions(Strict):
 class SwigluFamily(OpFamily):
     name = "swiglu"
     options_model = SwigluOptions
-    paddle_variants = ("fp32_island", "per_op_rounding", "fleet_cpu_fallback")
+    variants = {"megatron": ("megatron",), "paddle": ("fp32_island", "per_op_rounding", "fleet_cpu_fallback")}
+    implementations = {"megatron": "harness.ops.swiglu.megatron:SwigluMegatron",
+                       "paddle": "harness.ops.swiglu.paddle:SwigluPaddle"}
     signature = ("x", "bias", "probs")
     working_inputs = ("x", "bias", "grad_out")
 
@@ -67,5 +69,3 @@ class SwigluFamily(OpFamily):
                 if side.impl == "fleet_cpu_fallback":
                     raise FieldProblem(("sides", side_name, "impl"), "fleet_cpu_fallback is a SwiGLU variant, not quick-GEGLU")
 
-
-FAMILY = SwigluFamily()

@@ -6,10 +6,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from megatron.core.fusions.fused_bias_geglu import weighted_bias_quick_geglu_impl
-from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl, weighted_bias_swiglu_impl
-from megatron.core.jit import jit_fuser  # torch.compile, as Megatron binds it (eager under TORCHDYNAMO_DISABLE)
+from megatron.core.fusions.fused_bias_swiglu import (
+    bias_swiglu_impl,
+    weighted_bias_swiglu_impl,
+)
+from megatron.core.jit import (
+    jit_fuser,  # torch.compile, as Megatron binds it (eager under TORCHDYNAMO_DISABLE)
+)
 
-from harness.ops import Impl
+from harness.ops.family import Implementations, variant
+from harness.ops.swiglu import SwigluFamily
 
 
 @jit_fuser
@@ -65,16 +71,6 @@ def clamped_swiglu_impl(x: torch.Tensor, weights: torch.Tensor | None, limit: fl
     return out.view(*shape[:-1], -1)
 
 
-def megatron(x, bias, probs, options):
-    if options["activation"] == "quick_geglu":
-        return weighted_bias_quick_geglu_impl(x, bias, probs, False, options["linear_offset"], options["clamp"])
-    if options["clamp"] is not None:
-        return clamped_swiglu_impl(x, probs, options["clamp"])
-    if probs is not None:
-        return weighted_bias_swiglu_impl(x, None, probs)
-    return bias_swiglu_impl(x, bias)
-
-
 def _provenance(options: dict) -> str:
     if options["activation"] == "quick_geglu":
         return "megatron-core: megatron.core.fusions.fused_bias_geglu.weighted_bias_quick_geglu_impl"
@@ -86,4 +82,13 @@ def _provenance(options: dict) -> str:
     return "megatron-core: megatron.core.fusions.fused_bias_swiglu.bias_swiglu_impl"
 
 
-IMPLS = {"megatron": Impl(megatron, _provenance)}
+class SwigluMegatron(Implementations, family=SwigluFamily, framework="megatron"):
+    @variant(provenance=_provenance)
+    def megatron(x, bias, probs, options):
+        if options["activation"] == "quick_geglu":
+            return weighted_bias_quick_geglu_impl(x, bias, probs, False, options["linear_offset"], options["clamp"])
+        if options["clamp"] is not None:
+            return clamped_swiglu_impl(x, probs, options["clamp"])
+        if probs is not None:
+            return weighted_bias_swiglu_impl(x, None, probs)
+        return bias_swiglu_impl(x, bias)

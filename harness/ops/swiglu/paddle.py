@@ -11,7 +11,8 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
-from harness.ops import Impl
+from harness.ops.family import Implementations, variant
+from harness.ops.swiglu import SwigluFamily
 
 FP32 = paddle.float32
 
@@ -237,8 +238,7 @@ def _fleet_provenance(options: dict) -> str:
             "(no CPU bf16 kernels in Paddle 3.3.1) (xfalign harness/ops/swiglu/paddle.py)")
 
 
-IMPLS = {
-    "fp32_island": Impl(fp32_island, "xfalign Paddle variant: fp32 island, one rounding (harness/ops/swiglu/paddle.py)"),
-    "per_op_rounding": Impl(per_op_rounding, "xfalign Paddle variant: rounds after each op (harness/ops/swiglu/paddle.py)"),
-    "fleet_cpu_fallback": Impl(fleet_cpu_fallback, _fleet_provenance),
-}
+class SwigluPaddle(Implementations, family=SwigluFamily, framework="paddle"):
+    fp32_island = variant("xfalign Paddle variant: fp32 island, one rounding (harness/ops/swiglu/paddle.py)")(fp32_island)
+    per_op_rounding = variant("xfalign Paddle variant: rounds after each op (harness/ops/swiglu/paddle.py)")(per_op_rounding)
+    fleet_cpu_fallback = variant(_fleet_provenance)(fleet_cpu_fallback)

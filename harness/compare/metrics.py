@@ -4,7 +4,7 @@ Everything is computed on unsigned-integer views, in one pass over the data, chu
 thread pool (numpy releases the GIL in these kernels; each thread reuses its own buffers). Per chunk
 the "which bits differ" scan comes first, on 8-byte words (several elements at a time). Where few
 elements differ, ULP distance, NaN/Inf classes, abs/rel error and the mismatch grid
-(harness.locate) are computed on the differing elements only, gathered (equal elements contribute 0
+(harness.compare.heatmap) are computed on the differing elements only, gathered (equal elements contribute 0
 to all of them); where many differ, on whole cache-sized blocks, in place, with no gathering.
 """
 
@@ -18,8 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.dtypes import FLOAT_DTYPES, NUMPY_DTYPES, FloatLayout, dtype_name, unsigned_view
-from harness.locate import Grid, MismatchMap
+from harness.compare.heatmap import Grid, MismatchMap
+from harness.dtypes import (
+    FLOAT_DTYPES,
+    NUMPY_DTYPES,
+    FloatLayout,
+    dtype_name,
+    unsigned_view,
+)
 
 ULP_BUCKETS = ("0", "1", "2-3", "4-15", ">=16")
 CHUNK_ELEMENTS = 1 << 21  # per task of the thread pool: the "which bits differ" scan, then the differing elements
@@ -89,7 +95,7 @@ class ElementStats:
 
 def _top_worst(items: list[WorstElement]) -> list[WorstElement]:
     # Class mismatches (ulp None) rank above any finite distance.
-    key = lambda w: (w.ulp is not None, -(w.ulp or 0), w.flat_index)  # noqa: E731
+    key = lambda w: (w.ulp is not None, -(w.ulp or 0), w.flat_index)
     return sorted(items, key=key)[:WORST_K]
 
 
@@ -167,7 +173,7 @@ def _values(bits: np.ndarray, dtype: np.dtype, out: np.ndarray | None = None) ->
 @dataclass(frozen=True)
 class _Span:
     """A chunk (or a block of one): flat elements [start, stop) of the tensor seen as [rows, cols]
-    (harness.locate.Grid), which are `nrows` rows of `width` elements from (row, col); and the block of
+    (harness.compare.heatmap.Grid), which are `nrows` rows of `width` elements from (row, col); and the block of
     grid cells it touches."""
 
     start: int
@@ -247,7 +253,7 @@ def _reduce_cells(ufunc: np.ufunc, x: np.ndarray, axis: int, first: int, step: i
     head = min(n, -first % step)
     whole = (n - head) // step
     cut = head + whole * step
-    at = (lambda lo, hi: x[lo:hi]) if axis == 0 else (lambda lo, hi: x[:, lo:hi])  # noqa: E731
+    at = (lambda lo, hi: x[lo:hi]) if axis == 0 else (lambda lo, hi: x[:, lo:hi])
     pieces = [ufunc.reduce(at(lo, hi), axis=axis, dtype=dtype, keepdims=True) for lo, hi in ((0, head), (cut, n)) if hi > lo]
     if whole:
         body = at(head, cut)

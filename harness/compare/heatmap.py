@@ -1,7 +1,7 @@
 """Where two tensors differ: a downsampled grid over the last two dimensions (leading dims flattened
 into rows), with the count of differing elements and the max ULP in each cell.
 
-The grid is filled during the comparison's one pass over the data (harness.metrics.element_stats_and_map),
+The grid is filled during the comparison's one pass over the data (harness.compare.metrics.element_stats_and_map),
 from the differing elements that pass finds anyway; this module holds its geometry and result.
 """
 

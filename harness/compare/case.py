@@ -1,0 +1,117 @@
+"""Comparison of two dumps of one case: one Pair per tensor name, judged by the case's expectation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.case import ExpectSpec
+from harness.compare.expectations import Expectation
+from harness.compare.findings import Finding
+from harness.compare.pairs import Pair, originate
+from harness.digest import Digest
+from harness.dump import Dump
+from harness.errors import XfalignError
+
+
+class InputMismatch(XfalignError):
+    """The two sides did not consume the same inputs: comparing their outputs would mean nothing."""
+
+
+@dataclass
+class SideInfo:
+    name: str
+    framework: str
+    impl: str
+    mode: str | None
+    provenance: str
+    environment: dict  # the side's fingerprint; its "version_line" names what ran
+    nondeterministic: dict[str, int]  # tensor -> distinct digests over repeats, where more than one
+
+    @classmethod
+    def of(cls, dump: Dump) -> SideInfo:
+        m = dump.meta
+        return cls(m["side"], m["framework"], m["impl"], m.get("mode"), m["provenance"], m["environment"],
+                   dump.nondeterministic)
+
+
+@dataclass
+class TensorResult:
+    """A pair and what its expectation found."""
+
+    pair: Pair
+    expectation: Expectation
+    findings: list[Finding]
+
+    @classmethod
+    def judge(cls, pair: Pair, expectation: Expectation) -> TensorResult:
+        return cls(pair, expectation, expectation.check(pair))
+
+    @property
+    def name(self) -> str:
+        return self.pair.name
+
+    @property
+    def holds(self) -> bool:
+        return all(finding.passed for finding in self.findings)
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [finding for finding in self.findings if not finding.passed]
+
+
+@dataclass
+class CaseComparison:
+    case_name: str
+    a: SideInfo
+    b: SideInfo
+    tensors: list[TensorResult]
+    inputs: dict[str, Digest]
+    unavailable: dict[str, str] = field(default_factory=dict)  # side -> why it could not run here: nothing compared
+
+    @property
+    def status(self) -> str:
+        """The verdict every reporter shows: "pass", "fail" or "n/a" (a side could not run here)."""
+        if self.unavailable:
+            return "n/a"
+        return "pass" if all(result.holds for result in self.tensors) else "fail"
+
+    @property
+    def passed(self) -> bool:
+        """Nothing fails: true for "pass" and for "n/a" (N/A does not fail a run). Reports use `status`."""
+        return self.status != "fail"
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [finding for result in self.tensors for finding in result.findings]
+
+    @property
+    def failing(self) -> list[TensorResult]:
+        return [result for result in self.tensors if not result.holds]
+
+    @property
+    def first_divergent(self) -> TensorResult | None:
+        """First tensor, in forward -> backward order, that is not bitwise equal."""
+        return next((result for result in self.tensors if not result.pair.bitwise), None)
+
+
+def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseComparison:
+    """`expect`: the case's expectations; by default those the dumps recorded."""
+    unavailable = {d.side: d.meta["unavailable"] for d in (a, b) if "unavailable" in d.meta}
+    if unavailable:
+        return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), [], {}, unavailable)
+    if a.meta["inputs"] != b.meta["inputs"]:
+        differing = sorted(n for n in a.meta["inputs"].keys() | b.meta["inputs"].keys()
+                           if a.meta["inputs"].get(n) != b.meta["inputs"].get(n))
+        raise InputMismatch(f"sides {a.side!r} and {b.side!r} consumed different inputs ({', '.join(differing)}): "
+                            "the dumps come from different cases or seeds")
+    if expect is None:
+        expect = ExpectSpec(**a.meta["case"].get("expect", {}))
+    names = list(a.tensors) + [n for n in b.tensors if n not in a.tensors]
+    a_digests, b_digests = a.digests, b.digests
+    axes, notes = a.meta.get("axes", {}), a.meta.get("notes", {})
+    results = []
+    for name in names:
+        pair = originate(name, a.tensors.get(name), b.tensors.get(name), (a_digests.get(name), b_digests.get(name)))
+        pair.axes, pair.note = axes.get(name), notes.get(name)
+        results.append(TensorResult.judge(pair, expect.for_tensor(name)))
+    return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), results, a.input_digests)

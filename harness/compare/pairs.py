@@ -1,0 +1,165 @@
+"""One Pair type per kind of comparison (as torch.testing's BooleanPair, NumberPair, TensorLikePair):
+
+- FloatPair: float values, element by element: ULP distance, +-0, NaN payloads, NaN/Inf classes;
+- ExactPair: integer or bool values: equal or not, no distance;
+- OneSidedPair: a tensor only one side produced;
+- MismatchedPair: dtypes or shapes differ (values compared flattened where dtype and size agree).
+
+`originate` is the one place where two arrays become a Pair. `Pair.compare()` lists the differences
+as failing Findings (a bitwise judgement); an expectation (expectations.py) may judge them otherwise.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.compare.findings import Finding
+from harness.compare.heatmap import MismatchMap
+from harness.compare.metrics import ElementStats, element_stats_and_map
+from harness.digest import Digest
+from harness.dtypes import FLOAT_DTYPES
+
+
+@dataclass
+class Pair(ABC):
+    name: str
+    a: Digest | None  # None: side A did not produce it
+    b: Digest | None
+    axes: list[str] | None = field(default=None, kw_only=True)  # names of the last two axes, where the op knows them
+    note: str | None = field(default=None, kw_only=True)  # e.g. the layout it is compared in
+
+    @property
+    def bitwise(self) -> bool:
+        return self.a is not None and self.a == self.b
+
+    @property
+    def digest(self) -> Digest:
+        """Side A's digest, or B's where A has none (every pair has one)."""
+        digest = self.a or self.b
+        assert digest is not None
+        return digest
+
+    @property
+    def values(self) -> FloatPair | ExactPair | None:
+        """The element-by-element comparison, where there is one."""
+        return None
+
+    @abstractmethod
+    def compare(self) -> list[Finding]:
+        """The differences, each a failing Finding; [] for a bitwise-equal pair."""
+
+
+@dataclass
+class _ValuesPair(Pair):
+    a: Digest
+    b: Digest
+    stats: ElementStats
+    mismatches: MismatchMap | None = None  # where they differ, when they do
+
+    @property
+    def bitwise(self) -> bool:
+        # digests come from the dumps' records; the element scan must agree with them
+        return super().bitwise and self.stats.differing == 0
+
+    def _unexplained(self) -> list[Finding]:
+        """Digests that differ while every element is equal: the values are not the bytes recorded."""
+        if self.a.md5 == self.b.md5:  # a flattened pair's shapes differ: its bytes are what count
+            return []
+        return [Finding("digest", self.name, False, {"a": self.a.md5, "b": self.b.md5, "values": True})]
+
+
+@dataclass
+class FloatPair(_ValuesPair):
+    @property
+    def values(self) -> FloatPair:
+        return self
+
+    @property
+    def measured(self) -> bool:
+        """Whether max ULP/abs/rel mean something: not when every difference is a NaN/Inf class
+        mismatch (those have no distance; they are counted apart)."""
+        s = self.stats
+        classes = s.nan_mismatch + s.inf_mismatch
+        return classes == 0 or s.differing - classes - s.signed_zero_only - s.nan_payload_only > 0
+
+    def compare(self) -> list[Finding]:
+        s = self.stats
+        if s.differing == 0:
+            return self._unexplained()
+        measured = self.measured
+        return [Finding("float-values", self.name, False, {
+            "elements": s.elements, "differing": s.differing, "measured": measured,
+            "max_ulp": s.max_ulp if measured else None,
+            "max_ulp_flat_index": s.max_ulp_flat_index if measured else None,
+            "max_abs": s.max_abs if measured else None,
+            "nan_mismatch": s.nan_mismatch, "inf_mismatch": s.inf_mismatch,
+            "signed_zero_only": s.signed_zero_only, "signed_zero_first_index": s.signed_zero_first_index,
+            "nan_payload_only": s.nan_payload_only, "nan_payload_first_index": s.nan_payload_first_index,
+        })]
+
+
+@dataclass
+class ExactPair(_ValuesPair):
+    @property
+    def values(self) -> ExactPair:
+        return self
+
+    def compare(self) -> list[Finding]:
+        s = self.stats
+        if s.differing == 0:
+            return self._unexplained()
+        return [Finding("exact-values", self.name, False,
+                        {"elements": s.elements, "differing": s.differing, "dtype": self.a.dtype})]
+
+
+@dataclass
+class OneSidedPair(Pair):
+    @property
+    def missing_side(self) -> str:
+        return "A" if self.a is None else "B"
+
+    def compare(self) -> list[Finding]:
+        return [Finding("missing", self.name, False, {"side": self.missing_side})]
+
+
+@dataclass
+class MismatchedPair(Pair):
+    a: Digest
+    b: Digest
+    flattened: FloatPair | ExactPair | None = None  # the values compared flattened: same dtype and size
+
+    @property
+    def values(self) -> FloatPair | ExactPair | None:
+        return self.flattened
+
+    def compare(self) -> list[Finding]:
+        findings = []
+        if self.a.dtype != self.b.dtype:
+            findings.append(Finding("dtype", self.name, False, {"a": self.a.dtype, "b": self.b.dtype}))
+        if self.a.shape != self.b.shape:
+            findings.append(Finding("shape", self.name, False, {"a": list(self.a.shape), "b": list(self.b.shape),
+                                                                "flattened": self.flattened is not None}))
+        return findings + (self.flattened.compare() if self.flattened else [])
+
+
+def _values_pair(name: str, a: np.ndarray, b: np.ndarray, digests: tuple[Digest, Digest]) -> FloatPair | ExactPair:
+    stats, mismatches = element_stats_and_map(a, b, a.shape)  # one pass: stats and where they differ
+    kind = FloatPair if digests[0].dtype in FLOAT_DTYPES else ExactPair
+    return kind(name, digests[0], digests[1], stats, mismatches)
+
+
+def originate(name: str, a: np.ndarray | None, b: np.ndarray | None,
+              digests: tuple[Digest | None, Digest | None] | None = None) -> Pair:
+    """The Pair for two arrays. `digests`: the arrays' digests where already known (a dump records
+    them when written), to spare hashing the tensors again."""
+    da, db = digests or (None if a is None else Digest.of(a), None if b is None else Digest.of(b))
+    if a is None or b is None:
+        return OneSidedPair(name, da, db)
+    da, db = da or Digest.of(a), db or Digest.of(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        flattened = _values_pair(name, a, b, (da, db)) if a.dtype == b.dtype and a.size == b.size else None
+        return MismatchedPair(name, da, db, flattened)
+    return _values_pair(name, a, b, (da, db))

@@ -1,0 +1,126 @@
+"""One side's run of an op, the same for every framework: load the implementation, hand it the inputs in
+its framework's layout, run forward and backward, capture outputs and gradients in the case's layout."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.case import Case, SideSpec, user_function_file
+from harness.digest import Digest
+from harness.frameworks import FrameworkAdapter
+from harness.ops import Impl, family_for, framework_impls
+
+
+class UserFunctionError(TypeError):
+    """An implementation returned something the harness cannot capture; the message says what was expected."""
+
+
+def _user_function(case: Case, target: str) -> tuple:
+    """(function, provenance) of `file.py:function` (beside the case, never the working directory) or
+    `module:function`."""
+    where, function = target.rsplit(":", 1)
+    if where.endswith(".py"):
+        path = user_function_file(case.source, where).resolve()
+        spec = importlib.util.spec_from_file_location(f"xfalign_user_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        provenance = f"user function {path}:{function} (sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]})"
+    else:
+        module = importlib.import_module(where)
+        provenance = f"user function {where}:{function} ({getattr(module, '__file__', '?')})"
+    if not callable(getattr(module, function, None)):
+        raise UserFunctionError(f"user function {target}: {where} defines no function {function!r}")
+    return getattr(module, function), provenance
+
+
+def load_impl(case: Case, side: SideSpec, adapter: FrameworkAdapter) -> Impl:
+    """The side's implementation: a built-in variant, or a user function (with its own backward, wrapped
+    as one differentiable function of the framework)."""
+    if not side.is_user_function:
+        return framework_impls(case.op, side.framework, case.source)[side.impl or adapter.default_impl]
+    forward, provenance = _user_function(case, side.impl)
+    if side.backward is None:
+        return Impl(forward, provenance)
+    backward, backward_provenance = _user_function(case, side.backward)
+    return Impl(adapter.custom_function(forward, backward), f"{provenance}; backward: {backward_provenance}")
+
+
+def _type_name(value) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _check_result(result, case: Case, side: SideSpec, adapter: FrameworkAdapter, differentiable: bool) -> dict:
+    """The implementation's outputs by name: a tensor (the first output) or a dict holding every output
+    that gets an upstream gradient; each a tensor of the side's framework, attached to the autograd graph
+    where gradients are taken."""
+    family = family_for(case.op, case.source)
+    who = f"user function {side.impl}" if side.is_user_function else \
+        f"{side.framework} implementation {side.impl or adapter.default_impl}"
+    kind, tensor_type = adapter.tensor_kind, adapter.tensor_type()
+    names = list(family.upstream)
+    expected = (f"expected {kind} ({names[0]}) or " if len(names) == 1 else "expected ") + \
+        f"a dict with {', '.join(repr(n) for n in names)}"
+    if isinstance(result, dict):
+        missing = [n for n in names if n not in result]
+        if missing:
+            keys = ", ".join(repr(k) for k in list(result)[:8]) or "no keys"
+            raise UserFunctionError(f"{who} returned a dict without {', '.join(repr(n) for n in missing)} "
+                                    f"(it has {keys}); {expected}")
+        outputs = result
+    elif len(names) == 1 and isinstance(result, tensor_type):
+        outputs = {names[0]: result}
+    else:
+        raise UserFunctionError(f"{who} returned {_type_name(result)}; {expected}")
+    for name in [*names, *family.extra_outputs(case)]:
+        if name in outputs and not isinstance(outputs[name], tensor_type):
+            raise UserFunctionError(f"{who} returned {name!r} as {_type_name(outputs[name])}; expected {kind}")
+    if differentiable:
+        for name in names:
+            if not adapter.tracks_grad(outputs[name]):
+                raise UserFunctionError(f"{who} returned {name!r} detached from the inputs (it does not require "
+                                        f"grad); expected {kind} computed from the inputs, so that gradients can "
+                                        "be taken through it")
+    return outputs
+
+
+@dataclass
+class SideOutput:
+    tensors: dict[str, np.ndarray]  # forward -> backward order; a missing gradient is absent
+    input_digests: dict[str, Digest]  # of the inputs as the framework held them (in the case's layout)
+    provenance: str
+    environment: dict = field(default_factory=dict)
+
+
+def execute(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], adapter: FrameworkAdapter,
+            device: str) -> SideOutput:
+    """Forward, backward with the generated upstream gradients, capture."""
+    family = family_for(case.op, case.source)
+    impl = load_impl(case, side, adapter)
+    options = family.options(case).model_dump()
+    differentiable = set(family.grad_inputs(case))
+    layouts = family.layouts.get(side.framework, {})
+
+    def to_framework(name: str, array: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(array, layouts[name])) if name in layouts else array
+
+    def from_framework(name: str, array: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(array, np.argsort(layouts[name]))) if name in layouts else array
+
+    tensors = {name: adapter.to_tensor(to_framework(name, array), device, name in differentiable)
+               for name, array in arrays.items()}
+    consumed = {name: Digest.of(from_framework(name, adapter.to_numpy(t))) for name, t in tensors.items()}
+    result = impl.fn(*(tensors.get(name) for name in family.signature), options)
+    outputs = _check_result(result, case, side, adapter, bool(differentiable))
+    adapter.backward([outputs[name] for name in family.upstream], [tensors[g] for g in family.upstream.values()])
+    captured = {name: from_framework(name, adapter.to_numpy(outputs[name]))
+                for name in [*family.upstream, *family.extra_outputs(case)] if name in outputs}
+    for name in family.grad_inputs(case):
+        grad = adapter.grad_of(tensors[name])
+        if grad is not None:
+            captured[f"grad.{name}"] = from_framework(name, adapter.to_numpy(grad))
+    return SideOutput(captured, consumed, impl.provenance_for(options))

@@ -1,0 +1,99 @@
+"""What the harness needs from a framework. An adapter imports its framework inside its methods only, so
+the parent process (case loading, comparison, reports) can use adapters without loading a framework."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numpy as np
+
+
+class FrameworkAdapter(ABC):
+    name: str = ""  # the name cases use (`framework: ...`); set from the entry point
+    modes: tuple[str, ...] = ()  # execution modes a side may ask for; the first is the default
+    default_impl: str | None = None  # the variant a side without `impl` runs
+    tensor_kind: str = "a tensor"  # for messages: "expected a torch tensor"
+
+    @property
+    def default_mode(self) -> str | None:
+        return self.modes[0] if self.modes else None
+
+    # -- process setup (the worker calls these in this order) ---------------------------------------
+
+    def before_import(self, profile, mode: str | None) -> None:
+        """Environment the framework reads when it loads: the profile's variables, then the adapter's."""
+        os.environ.update(profile.env)
+
+    @abstractmethod
+    def apply_profile(self, profile) -> None:
+        """The profile's switches that are set after import (threads, backends)."""
+
+    @abstractmethod
+    def unavailable(self, device: str) -> str | None:
+        """Why this framework cannot run on `device` here (an N/A result), or None."""
+
+    def use_device(self, device: str) -> None:
+        """Make `device` the one new tensors and ops use."""
+
+    def reset(self) -> None:
+        """Undo what one case may have changed (for a worker reused across cases)."""
+
+    # -- tensors --------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def to_tensor(self, array: np.ndarray, device: str, requires_grad: bool) -> Any:
+        """The array's exact bits as a tensor on `device`."""
+
+    @abstractmethod
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """The tensor's exact bits as a numpy array (bfloat16 as ml_dtypes.bfloat16)."""
+
+    @abstractmethod
+    def tensor_type(self) -> type: ...
+
+    @abstractmethod
+    def backward(self, outputs: list, grads: list) -> None: ...
+
+    @abstractmethod
+    def grad_of(self, tensor: Any) -> Any | None: ...
+
+    @abstractmethod
+    def tracks_grad(self, tensor: Any) -> bool: ...
+
+    @abstractmethod
+    def custom_function(self, forward: Callable, backward: Callable) -> Callable:
+        """forward(*inputs, options) with a hand-written backward(*upstream_grads, *inputs, options) -> one
+        gradient per input, as one differentiable function(*inputs, options) of this framework."""
+
+    def deterministic(self, enabled: bool) -> AbstractContextManager:
+        """Forward and backward run inside this: the framework's deterministic-algorithms switch."""
+        return nullcontext()
+
+    # -- what decides the bits ------------------------------------------------------------------------
+
+    @abstractmethod
+    def fingerprint(self, device: str, profile) -> dict:
+        """Framework fields of the environment fingerprint, `version_line` included."""
+
+    def runtime_fingerprint(self, device: str) -> dict:
+        """Settings an op may change while it runs: read right after its forward and backward."""
+        return {}
+
+
+def outputs_in_order(result: Any, names: list[str]) -> tuple:
+    """A forward's result as a tuple (a dict's values in its order), remembering the dict's keys in names."""
+    if isinstance(result, dict):
+        names[:] = list(result)
+        return tuple(result.values())
+    return result
+
+
+def as_returned(result: Any, names: list[str]) -> Any:
+    """Undo outputs_in_order: the dict the forward returned, or its single tensor."""
+    if names:
+        return dict(zip(names, result if isinstance(result, (tuple, list)) else (result,)))
+    return result

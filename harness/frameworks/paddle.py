@@ -1,0 +1,116 @@
+"""paddlepaddle (`framework: paddle`): CPU (this project's machines have no Paddle GPU build); no
+execution modes (dygraph) and no default implementation (a side names its variant)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.fingerprint import nvidia_smi
+from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
+
+
+class PaddleAdapter(FrameworkAdapter):
+    tensor_kind = "a paddle tensor"
+
+    def apply_profile(self, profile) -> None:
+        import paddle
+
+        if profile.paddle.threads is not None:
+            paddle.base.core.set_num_threads(profile.paddle.threads)
+
+    def unavailable(self, device: str) -> str | None:
+        import paddle
+
+        if device == "cuda" and not paddle.device.is_compiled_with_cuda():
+            return "Paddle on cuda is not available here (this paddlepaddle build is CPU only)"
+        if device == "cuda" and paddle.device.cuda.device_count() == 0:
+            return "case asks for cuda but Paddle sees no GPU"
+        return None
+
+    def use_device(self, device: str) -> None:
+        import paddle
+
+        paddle.set_device("gpu" if device == "cuda" else "cpu")
+
+    # -- tensors --------------------------------------------------------------------------------------
+
+    def to_tensor(self, array: np.ndarray, device: str, requires_grad: bool):
+        import ml_dtypes
+        import paddle
+
+        # on the device use_device set; uint16 bits become a bf16 tensor
+        tensor = paddle.to_tensor(array.view(np.uint16) if array.dtype == ml_dtypes.bfloat16 else array)
+        tensor.stop_gradient = not requires_grad
+        return tensor
+
+    def to_numpy(self, tensor) -> np.ndarray:
+        import ml_dtypes
+        import paddle
+
+        array = tensor.detach().numpy()
+        return array.view(ml_dtypes.bfloat16) if tensor.dtype == paddle.bfloat16 else array
+
+    def tensor_type(self) -> type:
+        import paddle
+
+        return paddle.Tensor
+
+    def backward(self, outputs: list, grads: list) -> None:
+        import paddle
+
+        paddle.autograd.backward(outputs, grads)
+
+    def grad_of(self, tensor):
+        return tensor.grad
+
+    def tracks_grad(self, tensor) -> bool:
+        return not tensor.stop_gradient
+
+    def custom_function(self, forward, backward):
+        import paddle
+
+        names: list[str] = []
+
+        class UserFunction(paddle.autograd.PyLayer):
+            @staticmethod
+            def forward(ctx, options, *inputs):
+                ctx.options, ctx.inputs = options, inputs  # None inputs: kept as they are
+                return outputs_in_order(forward(*inputs, options), names)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                gradients = backward(*grads, *ctx.inputs, ctx.options)
+                # a PyLayer returns one gradient per tensor argument of forward
+                return tuple(g for g, t in zip(gradients, ctx.inputs) if t is not None)
+
+        def apply(*args):
+            *inputs, options = args
+            return as_returned(UserFunction.apply(options, *inputs), names)
+
+        return apply
+
+    # Paddle has no deterministic-algorithms switch to turn on here: the base class's no-op context.
+
+    # -- what decides the bits ------------------------------------------------------------------------
+
+    def fingerprint(self, device: str, profile) -> dict:
+        import paddle
+
+        core = paddle.base.core
+        threads = profile.paddle.threads
+        fields = {
+            "paddle": paddle.__version__,
+            "paddle_commit": paddle.version.commit,
+            "device": device,
+            "device_name": "cpu" if device == "cpu" else paddle.device.cuda.get_device_name(),
+            "paddle_with_mkl": paddle.version.with_mkl,
+            "paddle_onednn": core.is_compiled_with_onednn(),
+            "paddle_cpu_avx512f": core.supports_avx512f(),
+            "paddle_cpu_bf16": core.supports_bfloat16(),
+            "paddle_threads": threads if threads is not None else "default",
+        }
+        if device == "cuda":
+            fields |= {"cuda": paddle.version.cuda(), "cudnn": paddle.version.cudnn(),
+                       "driver": nvidia_smi("driver_version")}
+        fields["version_line"] = f"paddle {paddle.__version__}"
+        return fields

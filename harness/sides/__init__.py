@@ -1,1 +1,0 @@
-"""Framework side runners. Each runs in its own worker process and imports only its framework."""
