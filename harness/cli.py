@@ -81,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
-    """Where each side of `case` is dumped; folder names made of case ids and side names are made safe
-    file names (sweep ids hold '[', ',', '=')."""
+    """Where each side of `case` is dumped; folder names made of case names and side names are made safe
+    file names (sweep point names hold '[', ',', '=')."""
     if args.side:
         if args.side not in case.sides:
             raise UsageError(f"{case.source}: no side {args.side!r} (sides: {', '.join(case.sides)})")
@@ -239,7 +239,7 @@ def cmd_run(args, console: Console) -> int:
     for run in _run_each(cases, console, crashed, args, lambda case: plan[case.name]):
         if run.comparison is None:
             for side, path in plan[run.case.name].items():
-                print_side_dump(run.case_id, side, run.dumps[side], path, console)
+                print_side_dump(run.case_name, side, run.dumps[side], path, console)
             continue
         print_comparison(run.comparison, console)
         comparisons.append(run.comparison)
@@ -272,25 +272,25 @@ def cmd_gate(args, console: Console) -> int:
             print_comparison(run.comparison, console)
             comparisons.append(run.comparison)
             try:
-                golden = Golden.read(baseline, run.case_id)
+                golden = Golden.read(baseline, run.case_name)
             except DumpError as error:  # unreadable or corrupt: exit 2, or with --update rewritten
                 if not args.update:
                     raise
-                console.print(f"golden {run.case_id}: unreadable, rewriting it ({error})", highlight=False, markup=False)
+                console.print(f"golden {run.case_name}: unreadable, rewriting it ({error})", highlight=False, markup=False)
                 golden = None
             result = check(run, golden)
             if args.update and (not args.only_failing or result.golden_problems):
                 new = Golden.from_run(run)
                 with _writing(baseline, "the golden in"):
                     path = new.write(baseline, with_arrays=not args.digests_only)
-                written.append(run.case_id)
-                console.print(f"golden {run.case_id}: {describe_update(golden, new)} (wrote {path})",
+                written.append(run.case_name)
+                console.print(f"golden {run.case_name}: {describe_update(golden, new)} (wrote {path})",
                               highlight=False, markup=False)
-                result = check(run, Golden.read(baseline, run.case_id))
+                result = check(run, Golden.read(baseline, run.case_name))
             print_gate_result(result, console)
-            gate_status[run.case_id] = run.comparison.status if result.passed else "fail"
+            gate_status[run.case_name] = run.comparison.status if result.passed else "fail"
             if not result.passed:
-                failed.append(run.case_id)
+                failed.append(run.case_name)
     finally:
         if args.update:
             names = f": {', '.join(written)}" if 0 < len(written) < len(cases) else ""

@@ -5,13 +5,13 @@ fingerprint per side; no timestamps, no paths), readable in a review diff, plus
 `<case>.golden.<hash>.safetensors` with the tensors themselves, which lets drift be measured in ULP;
 `<hash>` is the first 12 hex digits of the SHA-256 of the file's bytes and the YAML names the file
 (`values:`). The tensor file is optional (`--digests-only`, `values: null`): without it drift is
-reported by digest alone. `<case>` is the case id made a safe file name (`safe_name`: sweep ids' `[ ] , =`
+reported by digest alone. `<case>` is the case name made a safe file name (`safe_name`: sweep point names' `[ ] , =`
 become `_`).
 
 A golden is written as a unit: the values file under its new name, then the YAML replaced in one step,
 then the case's other values files removed; readers follow the YAML's reference, so the YAML and the
 values it names always agree. Writers of one folder take turns (an flock on the folder). Goldens of the
-earlier layout (file names made of the raw case id, a fixed `<case>.golden.safetensors`, no `values:`)
+earlier layout (file names made of the raw case name, a fixed `<case>.golden.safetensors`, no `values:`)
 are still read; the next update rewrites them in this layout. The YAML names its format
 (`format: xfalign-golden/1`); a golden without it was written before the format was versioned, and is /1.
 
@@ -72,19 +72,19 @@ class GoldenError(DumpError):
 
 
 class GoldenMismatch(XfalignError):
-    """A golden file that holds another case's golden (two case ids that make one file name)."""
+    """A golden file that holds another case's golden (two case names that make one file name)."""
 
 
 _UNSET = object()
 _VALUES_FILE = re.compile(r"^(?P<stem>.+)\.golden\.[0-9a-f]{12}\.safetensors$")
 
 
-def _legacy_stem(case_id: str) -> str | None:
-    """The raw case id, as goldens were named before, where it differs from the safe name and is one
+def _legacy_stem(case_name: str) -> str | None:
+    """The raw case name, as goldens were named before, where it differs from the safe name and is one
     file name."""
-    if case_id == safe_name(case_id) or "/" in case_id or "\0" in case_id or case_id in (".", ".."):
+    if case_name == safe_name(case_name) or "/" in case_name or "\0" in case_name or case_name in (".", ".."):
         return None
-    return case_id
+    return case_name
 
 
 def _one_line(error: BaseException) -> str:
@@ -148,7 +148,7 @@ class Golden:
         # every side's consumed inputs: one side that could not run must not switch the input check off
         inputs = {name: digest for dump in run.dumps.values() for name, digest in dump.input_digests.items()}
         return cls(
-            run.case_id, inputs, env,
+            run.case_name, inputs, env,
             {side: dump.digests for side, dump in run.dumps.items()},
             {f"{side}/{name}": array for side, dump in run.dumps.items() for name, array in dump.tensors.items()},
         )
@@ -167,20 +167,20 @@ class Golden:
         return GOLDEN_HEADER + yaml.safe_dump(data, sort_keys=False, width=120)
 
     @staticmethod
-    def _text_path(directory: Path, case_id: str) -> Path:
-        """`<safe name>.golden.yaml`; else the earlier layout's `<case id>.golden.yaml` where only it exists."""
-        path = directory / f"{safe_name(case_id)}.golden.yaml"
-        legacy = _legacy_stem(case_id)
+    def _text_path(directory: Path, case_name: str) -> Path:
+        """`<safe name>.golden.yaml`; else the earlier layout's `<case name>.golden.yaml` where only it exists."""
+        path = directory / f"{safe_name(case_name)}.golden.yaml"
+        legacy = _legacy_stem(case_name)
         if legacy and not path.exists() and (directory / f"{legacy}.golden.yaml").exists():
             return directory / f"{legacy}.golden.yaml"
         return path
 
     @classmethod
-    def paths(cls, directory: Path, case_id: str) -> tuple[Path, Path]:
+    def paths(cls, directory: Path, case_name: str) -> tuple[Path, Path]:
         """The golden's YAML file and the values file it names now (the earlier layout's
         `<case>.golden.safetensors` where it names none); for a case with no golden, the YAML file a new
         one gets."""
-        text_path = cls._text_path(Path(directory), case_id)
+        text_path = cls._text_path(Path(directory), case_name)
         fixed = text_path.with_name(text_path.name[: -len(".yaml")] + ".safetensors")
         try:
             reference = yaml.safe_load(text_path.read_text()).get("values")
@@ -223,7 +223,7 @@ class Golden:
         return name
 
     @classmethod
-    def _parse(cls, text: str, text_path: Path, case_id: str) -> tuple[Golden, Path | None]:
+    def _parse(cls, text: str, text_path: Path, case_name: str) -> tuple[Golden, Path | None]:
         """The golden in `text`, and the values file to read with it (None: none)."""
         try:
             data = yaml.safe_load(text)
@@ -240,8 +240,8 @@ class Golden:
             raise GoldenError(f"{text_path}: not a readable golden ({type(error).__name__}: {_one_line(error)})") from None
         if version != FORMAT:
             raise GoldenError(f"{text_path}: golden format {version!r}; this xfalign reads {FORMAT!r}")
-        if golden.case != case_id:
-            raise GoldenMismatch(f"{text_path}: holds the golden of case {golden.case!r}, not {case_id!r} "
+        if golden.case != case_name:
+            raise GoldenMismatch(f"{text_path}: holds the golden of case {golden.case!r}, not {case_name!r} "
                                  "(two case names that make one file name: rename one)")
         if reference is _UNSET:  # the earlier layout: a fixed name, optional
             fixed = text_path.with_name(text_path.name[: -len(".yaml")] + ".safetensors")
@@ -253,23 +253,23 @@ class Golden:
         return golden, text_path.parent / reference
 
     @classmethod
-    def read(cls, directory: Path, case_id: str) -> Golden | None:
-        """The golden of `case_id`, its values checked against its digests; None if there is none. A
+    def read(cls, directory: Path, case_name: str) -> Golden | None:
+        """The golden of `case_name`, its values checked against its digests; None if there is none. A
         GoldenError or IntegrityError (both DumpErrors, exit 2) names the file that cannot be read. A
         writer replacing the golden meanwhile makes it read again."""
         directory = Path(directory)
         for _ in range(10):
-            text_path = cls._text_path(directory, case_id)
+            text_path = cls._text_path(directory, case_name)
             try:
                 text = text_path.read_text()
             except FileNotFoundError:
-                if cls._text_path(directory, case_id) != text_path:
+                if cls._text_path(directory, case_name) != text_path:
                     continue  # moved from the earlier layout's name meanwhile
                 return None
             except (OSError, UnicodeDecodeError) as error:
                 reason = error.strerror if isinstance(error, OSError) and error.strerror else _one_line(error)
                 raise GoldenError(f"{text_path}: cannot read it: {reason}") from None
-            golden, array_path = cls._parse(text, text_path, case_id)
+            golden, array_path = cls._parse(text, text_path, case_name)
             if array_path is None:
                 return golden
             try:
@@ -290,7 +290,7 @@ class Golden:
                 raise IntegrityError(f"{array_path}: tensor {corrupt[0]}: bytes do not match the golden's digest "
                                      "(corrupt or edited golden)")
             return golden
-        raise GoldenError(f"{cls._text_path(directory, case_id)}: replaced while being read, again and again")
+        raise GoldenError(f"{cls._text_path(directory, case_name)}: replaced while being read, again and again")
 
 
 def baseline_dir(root: Path, environment_class: str) -> Path:
@@ -306,7 +306,7 @@ def missing_class_message(root: Path, environment_class: str, case_files: list[s
 
 @dataclass
 class GateResult:
-    case_id: str
+    case_name: str
     findings: list[Finding] = field(default_factory=list)  # failing ones fail the gate; environment ones explain drift
 
     @property
@@ -356,7 +356,7 @@ def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden:
 
 
 def check(run: CaseRun, golden: Golden | None) -> GateResult:
-    result = GateResult(run.case_id)
+    result = GateResult(run.case_name)
     for side, dump in run.dumps.items():
         for name, distinct in dump.nondeterministic.items():
             result.findings.append(Finding("nondeterministic", f"{side}/{name}", False, {

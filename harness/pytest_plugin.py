@@ -171,7 +171,7 @@ class CaseItem(pytest.Item):
         baseline = config.getoption("xfalign_baseline")
         passed = run.comparison.passed
         if baseline is not None:
-            result = check(run, Golden.read(baseline_dir(baseline, run.environment_class), run.case_id))
+            result = check(run, Golden.read(baseline_dir(baseline, run.environment_class), run.case_name))
             print_gate_result(result, console)
             passed = result.passed
         if not passed:

@@ -66,7 +66,7 @@ class CaseRun:
     environment_class: str  # goldens of this run live in baselines/<environment_class>/
 
     @property
-    def case_id(self) -> str:
+    def case_name(self) -> str:
         return self.case.name
 
 

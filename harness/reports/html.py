@@ -136,7 +136,7 @@ def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
 
 
 def safe_file_stem(name: str) -> str:
-    """A file name stem from a case id: A-Z a-z 0-9 . _ - kept, anything else `_`; no leading or trailing
+    """A file name stem from a case name: A-Z a-z 0-9 . _ - kept, anything else `_`; no leading or trailing
     dots or underscores (no hidden files, never `..`)."""
     return safe_name(name).strip("._")[:MAX_FILE_STEM] or "case"
 

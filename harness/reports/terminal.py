@@ -87,11 +87,11 @@ def print_nondeterministic(side: str, nondeterministic: dict[str, int], console:
         _plain(console, f"  ! {nondeterministic_text(side, name, distinct)}")
 
 
-def print_side_dump(case_id: str, side: str, dump: Dump, path, console: Console) -> None:
+def print_side_dump(case_name: str, side: str, dump: Dump, path, console: Console) -> None:
     """What one side run alone (`run --side`) produced: where, whether it could run, what varied over repeats."""
     if "unavailable" in dump.meta:
-        _plain(console, side_unavailable_text(case_id, side, dump.meta["unavailable"]))
-    _plain(console, side_dumped_text(case_id, side, len(dump.tensors), path))
+        _plain(console, side_unavailable_text(case_name, side, dump.meta["unavailable"]))
+    _plain(console, side_dumped_text(case_name, side, len(dump.tensors), path))
     print_nondeterministic(side, dump.nondeterministic, console)
 
 
@@ -112,9 +112,9 @@ def print_comparison(comparison: CaseComparison, console: Console) -> None:
 
 def print_gate_result(result: GateResult, console: Console) -> None:
     if result.passed:
-        console.print(f"[{STATUS_STYLES['pass']}]{GATE_LABELS[True]}[/] {escape(gate_pass_text(result.case_id))}")
+        console.print(f"[{STATUS_STYLES['pass']}]{GATE_LABELS[True]}[/] {escape(gate_pass_text(result.case_name))}")
         return
-    console.print(f"[{STATUS_STYLES['fail']}]{GATE_LABELS[False]}[/] {escape(result.case_id)}:")
+    console.print(f"[{STATUS_STYLES['fail']}]{GATE_LABELS[False]}[/] {escape(result.case_name)}:")
     for line in gate_lines(result.failures):
         _plain(console, f"  {line}")
     if result.environment_changes:

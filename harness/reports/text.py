@@ -235,12 +235,12 @@ def nondeterministic_text(side: str, tensor: str, distinct: int) -> str:
     return f"{tensor} is nondeterministic on side {side}: {distinct} different digests over the repeats"
 
 
-def side_dumped_text(case_id: str, side: str, tensors: int, path) -> str:
-    return f"{case_id}: side {side} dumped {tensors} tensors to {path}"
+def side_dumped_text(case_name: str, side: str, tensors: int, path) -> str:
+    return f"{case_name}: side {side} dumped {tensors} tensors to {path}"
 
 
-def side_unavailable_text(case_id: str, side: str, reason: str) -> str:
-    return f"N/A {case_id}: side {side} is {not_available_text(reason)}"
+def side_unavailable_text(case_name: str, side: str, reason: str) -> str:
+    return f"N/A {case_name}: side {side} is {not_available_text(reason)}"
 
 
 def index_title(statuses: list[str]) -> str:
@@ -254,8 +254,8 @@ def index_title(statuses: list[str]) -> str:
 # -- the gate ------------------------------------------------------------------------------------------
 
 
-def gate_pass_text(case_id: str) -> str:
-    return f"{case_id}: expectations hold, digests match the golden"
+def gate_pass_text(case_name: str) -> str:
+    return f"{case_name}: expectations hold, digests match the golden"
 
 
 def environment_changed_text(changes: list[str]) -> str:
