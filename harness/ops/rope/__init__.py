@@ -22,6 +22,8 @@ mscale, YaRN's attention factor), rotary_base and position_offset (the angles), 
 
 from __future__ import annotations
 
+import math
+
 from typing import ClassVar
 
 import numpy as np
@@ -45,7 +47,10 @@ class RopeOptions(Strict):
 def rotary_freqs(seq_len: int, rot_dim: int, interleaved: bool, base: int = 10000, offset: int = 0) -> np.ndarray:
     """[seq_len, 1, 1, rot_dim] fp32 angles, computed as megatron-core's RotaryEmbedding does (fp32 throughout)."""
     exponents = np.arange(0, rot_dim, 2, dtype=np.float32) / np.float32(rot_dim)
-    inv_freq = (np.float32(1.0) / (np.float32(base) ** exponents)).astype(np.float32)
+    # base ** exponent through libm's double pow, rounded once to fp32: numpy's fp32 power is dispatched by CPU
+    # (SVML on AVX-512) and gave other angle bits on the GPU machine's host; inputs must not depend on the machine.
+    powers = np.array([math.pow(base, float(e)) for e in exponents], dtype=np.float64).astype(np.float32)
+    inv_freq = (np.float32(1.0) / powers).astype(np.float32)
     positions = np.arange(seq_len, dtype=np.float32) + np.float32(offset)
     angles = np.outer(positions, inv_freq).astype(np.float32)
     emb = np.repeat(angles, 2, axis=-1) if interleaved else np.concatenate([angles, angles], axis=-1)
