@@ -1,7 +1,9 @@
 """pytest plugin: `pytest cases/` collects each YAML case as a test item.
 
 A failing item shows the per-tensor table and every problem; with `--xfalign-baseline DIR` the goldens
-are checked too (update them with `xfalign gate CASES --baseline DIR --update`).
+are checked too. As in pytest-regressions, a missing golden is written and its item fails (run again to
+check against it), and `--xfalign-update` rewrites every golden that does not match, failing the items whose
+golden changed (`xfalign gate CASES --baseline DIR --update` does the same from the command line).
 
 What is collected: YAML case files named on the command line, or found in a folder named there (or in
 the invocation folder when pytest is given no paths and has no `testpaths`), and those the ini option
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 CASE_KEYS = {"op", "sides", "inputs"}
+GOLDEN_SUFFIXES = (".golden.yaml", ".golden.yml")
 _TOP_LEVEL_KEY = re.compile(r"^(op|sides|inputs)\s*:", re.MULTILINE)
 _SNIFF_BYTES = 1 << 20
 _CONFIGURED = pytest.StashKey[set]()
@@ -34,6 +37,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("xfalign")
     group.addoption("--xfalign-baseline", type=Path, help="check goldens in this folder (DIR/<environment class>/) too")
     group.addoption("--xfalign-numerics", help="numerics profile for every case (default: the case's, else portable-avx2)")
+    group.addoption("--xfalign-update", action="store_true",
+                    help="with --xfalign-baseline: rewrite goldens that do not match (their items fail once)")
     group.addoption("--xfalign-repeat", type=int, default=1, help="run each side N times (nondeterminism)")
     parser.addini("xfalign_cases", type="linelist", default=[],
                   help="YAML case files, folders or globs (relative to the rootdir) that pytest collects even when "
@@ -54,6 +59,8 @@ def _configured(config) -> set[Path]:
 
 def pytest_configure(config):
     """A plain `pytest` (collecting `testpaths`) also collects the paths xfalign_cases names."""
+    if config.getoption("xfalign_update") and config.getoption("xfalign_baseline") is None:
+        raise pytest.UsageError("--xfalign-update needs --xfalign-baseline DIR (the goldens to rewrite)")
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
         roots = [(config.rootpath / arg.split("::")[0]).resolve() for arg in config.args]
         config.args.extend(str(p) for p in sorted(_configured(config)) if p.exists() and not _under(p, roots))
@@ -96,8 +103,8 @@ def _looks_like_case(path: Path) -> bool:
 
 
 def pytest_collect_file(file_path: Path, parent):
-    if file_path.suffix not in (".yaml", ".yml"):
-        return None
+    if file_path.suffix not in (".yaml", ".yml") or file_path.name.endswith(GOLDEN_SUFFIXES):
+        return None  # goldens have sides and inputs too, but are not cases
     config = parent.config
     path = file_path.resolve()
     named = _command_line(config)
@@ -147,9 +154,9 @@ class CaseItem(pytest.Item):
         from rich.console import Console
 
         from harness.case import CaseError
-        from harness.gate import Golden, baseline_dir, check
+        from harness.gate import Golden, baseline_dir, check, describe_update
         from harness.reports.terminal import print_comparison, print_gate_result
-        from harness.reports.text import status_label, verdict_text
+        from harness.reports.text import golden_written_text, status_label, verdict_text
         from harness.errors import SideCrashed
         from harness.runner import run_case
 
@@ -171,7 +178,14 @@ class CaseItem(pytest.Item):
         baseline = config.getoption("xfalign_baseline")
         passed = run.comparison.passed
         if baseline is not None:
-            result = check(run, Golden.read(baseline_dir(baseline, run.environment_class), run.case_name))
+            folder = baseline_dir(baseline, run.environment_class)
+            golden = Golden.read(folder, run.case_name)
+            result = check(run, golden)
+            if golden is None or (config.getoption("xfalign_update") and result.golden_problems):
+                new = Golden.from_run(run)
+                new.write(folder)
+                console.print(golden_written_text(run.case_name, describe_update(golden, new), folder), markup=False)
+                raise CaseFailed(buffer.getvalue())  # as pytest-regressions: a written golden fails once
             print_gate_result(result, console)
             passed = result.passed
         if not passed:

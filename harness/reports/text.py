@@ -285,3 +285,8 @@ def missing_class_text(root, environment_class: str, present: list[str], case_fi
     there = f" (classes there: {', '.join(present)})" if present else ""
     return (f"this run's environment class is {environment_class}; {root} has no goldens for it{there}. "
             f"Create them with: xfalign gate {' '.join(case_files)} --baseline {root} --update")
+
+
+def golden_written_text(case_name: str, what: str, folder) -> str:
+    """The pytest plugin wrote a golden (missing, or rewritten by --xfalign-update): the item fails once."""
+    return f"golden {case_name}: {what} in {folder}; this test fails once: run it again to check against it"
