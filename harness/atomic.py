@@ -92,8 +92,8 @@ def stage_file(directory: str | Path, name: str, data: Data) -> Path:
     """A complete, fsynced file with the umask's mode under a unique hidden name `.<name>.*.tmp` in
     `directory`; `data` is bytes, text (UTF-8) or a function that writes the file at the path it gets.
     Removed again if anything fails."""
-    fd, staging = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    staging = Path(staging)
+    fd, staging_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    staging = Path(staging_name)
     try:
         if callable(data):
             os.close(fd)

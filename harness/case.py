@@ -153,7 +153,7 @@ class SideSpec(Strict):
 
 
 # An expectation: one of the kinds harness.compare.expectations registers, by its YAML key.
-ExpectationField = expectation_type(f"an expectation is {', '.join(spellings()[:-1])} or {spellings()[-1]}")
+ExpectationField: Any = expectation_type(f"an expectation is {', '.join(spellings()[:-1])} or {spellings()[-1]}")
 
 
 class ExpectSpec(Strict):
@@ -161,7 +161,8 @@ class ExpectSpec(Strict):
     tensors: dict[str, ExpectationField] = {}
 
     def for_tensor(self, name: str) -> Expectation:
-        return self.tensors.get(name, self.all)
+        expectation: Expectation = self.tensors.get(name, self.all)
+        return expectation
 
 
 class Case(Strict):
@@ -246,7 +247,7 @@ class _YamlShape(Exception):
 
 
 def _key_name(key: yaml.Node) -> Any:
-    return key.value if isinstance(key, yaml.ScalarNode) else f"<{key.id} key>"
+    return key.value if isinstance(key, yaml.ScalarNode) else f"<{getattr(key, 'id', '?')} key>"
 
 
 def _line_map(root: yaml.Node) -> tuple[dict[tuple, int], dict[int, tuple]]:
@@ -255,7 +256,7 @@ def _line_map(root: yaml.Node) -> tuple[dict[tuple, int], dict[int, tuple]]:
     aliases) to more than MAX_YAML_NODES nodes, so nothing after this can recurse or blow up."""
     lines: dict[tuple, int] = {}
     paths: dict[int, tuple] = {}
-    stack = [(root, (), frozenset())]
+    stack: list[tuple[yaml.Node, tuple, frozenset[int]]] = [(root, (), frozenset())]
     visited = 0
     while stack:
         node, path, ancestors = stack.pop()
@@ -396,7 +397,7 @@ def expand_sweep(data: dict, source: str = "") -> list[dict]:
     if count > MAX_SWEEP_POINTS:
         raise FieldProblem(("sweep",), f"this sweep has {count:,} points; at most {MAX_SWEEP_POINTS:,}")
     working = family_for(str(data.get("op")), source).working_inputs
-    expect = data.get("expect") if isinstance(data.get("expect"), dict) else {}
+    expect: dict = data["expect"] if isinstance(data.get("expect"), dict) else {}
     per_point = expect.pop("points", None) or {}
     if not isinstance(per_point, dict) or not all(isinstance(k, str) for k in per_point):
         raise FieldProblem(("expect", "points"), "points is a mapping of point id (e.g. topk=4): {all, tensors}")
@@ -448,7 +449,7 @@ def _kind(value: Any) -> str:
         return f"the number {value}"
     if isinstance(value, str):
         return f"the text {value[:40]!r}" + ("..." if len(value) > 40 else "")
-    return {list: "a list", dict: "a mapping"}.get(type(value), f"a {type(value).__name__}")
+    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
 
 
 def _check_names(data: dict, source: str) -> None:
@@ -613,9 +614,10 @@ def _check_user_function(case: Case, where: tuple, spec: str) -> None:
                                       f"is found relative to the case file's folder {str(folder) or '.'})")
         source = str(path)
     else:
-        source = _module_origin(target)
-        if source is None:
+        origin = _module_origin(target)
+        if origin is None:
             raise FieldProblem(where, f"no module {target!r} on the Python path")
+        source = origin
     if not source.endswith(".py"):
         return  # compiled or namespace module: its names cannot be read without importing it
     try:
@@ -647,7 +649,8 @@ def load_cases(path: str | Path) -> list[Case]:
             loader.dispose()
     except DuplicateKey as error:
         field = ".".join(str(p) for p in (*paths.get(id(error.mapping), ()), error.key))
-        raise CaseError(f"{path}:{error.problem_mark.line + 1}: {field}: {error.problem}") from None
+        line = error.problem_mark.line + 1 if error.problem_mark else "?"
+        raise CaseError(f"{path}:{line}: {field}: {error.problem}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark else text[:getattr(error, "position", 0)].count("\n") + 1

@@ -48,7 +48,7 @@ def pytest_addoption(parser):
 def _configured(config) -> set[Path]:
     """Files and folders that the ini option xfalign_cases names, resolved once per session."""
     if _CONFIGURED not in config.stash:
-        found = set()
+        found: set[Path] = set()
         for pattern in config.getini("xfalign_cases"):
             full = str(config.rootpath / pattern)
             matches = glob.glob(full, recursive=True) if glob.has_magic(pattern) else [full]

@@ -41,6 +41,7 @@ def _file_module(path: Path):
     """A Python file loaded once per run under a name of its own (never put on sys.path)."""
     name = f"xfalign_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py path always has a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # classes defined there can be found by their module (pickling, inspect)
     spec.loader.exec_module(module)

@@ -8,7 +8,7 @@ import inspect
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
@@ -103,7 +103,7 @@ class OpFamily(ABC):
     # -- shared -----------------------------------------------------------------------------------------
 
     @staticmethod
-    def require(case: Case, shapes: dict[str, list[int]], dtype_of: str | None = None, same_dtype: tuple = ()) -> None:
+    def require(case: Case, shapes: dict[str, list[int]], dtype_of: str = "", same_dtype: tuple = ()) -> None:
         """Inputs present in the case must have these shapes, and those in same_dtype dtype_of's dtype."""
         for name, shape in shapes.items():
             spec = case.inputs.get(name)
@@ -182,11 +182,16 @@ class Impl:
         return "; ".join([text, *origins])
 
 
+def _unset(*args, **options):
+    raise TypeError("@variant(...) must decorate a function")
+
+
 class variant:
     """Marks a function in an Implementations class as the variant of that name: fn(*signature, options)."""
 
     def __init__(self, provenance: str | Callable[[dict], str], source: Callable[[dict], Any] | None = None):
-        self.provenance, self.source, self.fn = provenance, source, None
+        self.provenance, self.source = provenance, source
+        self.fn: Callable = _unset
 
     def __call__(self, fn: Callable) -> variant:
         self.fn = fn
@@ -229,7 +234,7 @@ class Implementations:
 
 
 @cache
-def _distributions() -> dict[str, list[str]]:
+def _distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
@@ -264,7 +269,7 @@ def _named_objects(text: str) -> list[Any]:
             module = sys.modules.get(".".join(parts[:cut]))
             if module is None:
                 continue
-            obj = module
+            obj: Any = module
             for attribute in parts[cut:]:
                 obj = getattr(obj, attribute, None)
             if obj is not None:
