@@ -23,10 +23,10 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Union
 
-Data = Union[bytes, str, Callable[[Path], object]]
+Data = bytes | str | Callable[[Path], object]
 
 # Test-only: XFALIGN_TEST_PAUSE=<point> makes a writer that reaches `pause(<point>)` create the file named by
 # XFALIGN_TEST_PAUSE_MARKER and sleep until it is killed (tests/test_faults_storage.py).

@@ -34,7 +34,7 @@ from harness.compare.expectations import (
     tag_names,
 )
 from harness.dtypes import INTEGER_DTYPES, NUMPY_DTYPES
-from harness.errors import XfalignError
+from harness.errors import XfalignError, describe_value, validation_problem
 
 USER_IMPL = re.compile(r"^[\w./-]+(\.py)?:[A-Za-z_]\w*$")
 # Case and side names become file and folder names (dumps, reports, goldens): no paths, no surprises.
@@ -271,7 +271,7 @@ def _line_map(root: yaml.Node) -> tuple[dict[tuple, int], dict[int, tuple]]:
         paths.setdefault(id(node), path)
         inner = ancestors | {id(node)}
         if isinstance(node, yaml.MappingNode):
-            for key, value in reversed(node.value):
+            for key, _ in reversed(node.value):
                 lines[path + (_key_name(key),)] = key.start_mark.line + 1
             for key, value in reversed(node.value):
                 stack.append((value, path + (_key_name(key),), inner))
@@ -317,7 +317,7 @@ def _eval_dim(text: str, names: dict[str, Any]) -> int:
         if isinstance(node, ast.Name) and type(names.get(node.id)) is int:
             return checked(names[node.id], node)
         if isinstance(node, ast.Name) and node.id in names:
-            raise ValueError(f"{node.id} is {_kind(names[node.id])}, not an integer")
+            raise ValueError(f"{node.id} is {describe_value(names[node.id])}, not an integer")
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             left, right = value(node.left, depth + 1), value(node.right, depth + 1)
             if isinstance(node.op, ast.FloorDiv) and right == 0:
@@ -386,7 +386,7 @@ def expand_sweep(data: dict, source: str = "") -> list[dict]:
         raise FieldProblem(("sweep",), "sweep is a mapping of label: [values]")
     for label, values in sweep.items():
         if not isinstance(label, str) or not label:
-            raise FieldProblem(("sweep", label), f"a sweep label is a name, got {_kind(label)}")
+            raise FieldProblem(("sweep", label), f"a sweep label is a name, got {describe_value(label)}")
         if not isinstance(values, list) or not values:
             raise FieldProblem(("sweep", label), "a sweep label takes a non-empty list of values")
         for value in values:  # the point id names the value: no path separators, no control characters
@@ -427,7 +427,8 @@ def _merge_expect(base: dict, override: Any, point_id: str) -> dict:
         raise FieldProblem(("expect", "points", point_id), "a point's expectations are a mapping (all, tensors)")
     for where, expect in ((("expect",), base), (("expect", "points", point_id), override)):
         if not isinstance(expect.get("tensors") or {}, dict):
-            raise FieldProblem(where + ("tensors",), f"tensors is a mapping of tensor: expectation, got {_kind(expect['tensors'])}")
+            raise FieldProblem(where + ("tensors",),
+                               f"tensors is a mapping of tensor: expectation, got {describe_value(expect['tensors'])}")
     merged = {**base, **{k: v for k, v in override.items() if k != "tensors"}}
     merged["tensors"] = {**(base.get("tensors") or {}), **(override.get("tensors") or {})}
     return merged
@@ -439,25 +440,12 @@ _MAPPINGS = {"options": "option: value", "vars": "name: integer", "inputs": "nam
              "sides": "name: {framework, impl, ...}", "expect": "all, tensors, points", "sweep": "label: [values]"}
 
 
-def _kind(value: Any) -> str:
-    """What a YAML value is, for messages."""
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return f"the text {value[:40]!r}" + ("..." if len(value) > 40 else "")
-    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
-
-
 def _check_names(data: dict, source: str) -> None:
     """The case name (explicit, or the file's stem) and the side names become file names: safe ones only."""
     explicit = "name" in data
     name = data["name"] if explicit else Path(source).stem
     if not isinstance(name, str):
-        raise FieldProblem(("name",), f"a case name is text, got {_kind(name)}")
+        raise FieldProblem(("name",), f"a case name is text, got {describe_value(name)}")
     if not is_safe_name(name):
         origin = "" if explicit else f" (the name comes from the file name {Path(source).name!r}: rename it or set name:)"
         raise FieldProblem(("name",), f"{name[:80]!r} is not a safe case name: {NAME_RULE}, "
@@ -472,19 +460,19 @@ def _check_structure(data: dict) -> None:
     """Mappings where mappings belong, before anything indexes into them (the schema says the rest)."""
     for key in data:
         if not isinstance(key, str):
-            raise FieldProblem((key,), f"a field name is text, got {_kind(key)}")
+            raise FieldProblem((key,), f"a field name is text, got {describe_value(key)}")
     for key, form in _MAPPINGS.items():
         if key in data and not isinstance(data[key], dict):
-            raise FieldProblem((key,), f"{key} is a mapping ({form}), got {_kind(data[key])}")
+            raise FieldProblem((key,), f"{key} is a mapping ({form}), got {describe_value(data[key])}")
         for name in data.get(key, {}):
             if not isinstance(name, str):
-                raise FieldProblem((key, name), f"a name in {key} is text, got {_kind(name)}")
+                raise FieldProblem((key, name), f"a name in {key} is text, got {describe_value(name)}")
     for name, spec in data.get("inputs", {}).items():
         if not isinstance(spec, dict):
-            raise FieldProblem(("inputs", name), f"an input is a mapping (shape, dtype, dist, ...), got {_kind(spec)}")
+            raise FieldProblem(("inputs", name), f"an input is a mapping (shape, dtype, dist, ...), got {describe_value(spec)}")
     for name, spec in data.get("sides", {}).items():
         if not isinstance(spec, dict):
-            raise FieldProblem(("sides", name), f"a side is a mapping (framework, impl, mode, device), got {_kind(spec)}")
+            raise FieldProblem(("sides", name), f"a side is a mapping (framework, impl, mode, device), got {describe_value(spec)}")
 
 
 def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None) -> list[Case]:
@@ -494,7 +482,7 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
 
     lines = lines or {}
     if not isinstance(data, dict):
-        raise CaseError(f"{source}:1: (top level): a case is a mapping of fields, got {_kind(data)}")
+        raise CaseError(f"{source}:1: (top level): a case is a mapping of fields, got {describe_value(data)}")
     cases, point = [], None
     try:
         _check_names(data, source)
@@ -511,15 +499,8 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
             _check_user_functions(case)
             cases.append(case)
     except ValidationError as error:
-        # In a union, the member that got deepest into the value explains the problem best.
-        first = max(error.errors(), key=lambda e: len(e["loc"]))
-        line, field = _line_and_field(lines, first["loc"])
-        message = first["msg"]
-        if first["type"] == "literal_error":
-            got = repr(first["input"])
-            message = f"{message}, got {got[:80]}{'...' if len(got) > 80 else ''}"
-        elif first["type"].endswith("_type"):  # e.g. `shape: [true, 256]`
-            message = f"{message}, got {_kind(first['input'])}"
+        location, message = validation_problem(error)
+        line, field = _line_and_field(lines, location)
         raise CaseError(f"{source}:{line}: {field}: {message}{_in_point(point)}") from None
     except FieldProblem as problem:
         line, field = _line_and_field(lines, problem.path)

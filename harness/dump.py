@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -15,8 +17,8 @@ from safetensors.numpy import load_file, save_file
 
 from harness import __version__
 from harness.atomic import file_mode, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
-from harness.digest import Digest, digests_of, verify
-from harness.errors import OutputError, XfalignError, safe_name
+from harness.digest import Digest, StreamCheck, digests_of, verify
+from harness.errors import OutputError, XfalignError, field_text, safe_name, validation_problem
 
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
@@ -62,9 +64,8 @@ def validated_meta(meta: dict, where: str) -> dict:
     try:
         return DumpMeta.model_validate(meta).model_dump(mode="json", exclude_unset=True)
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise DumpError(f"{where}: {META_FILE}: {field}: {first['msg']}") from None
+        location, message = validation_problem(error)
+        raise DumpError(f"{where}: {META_FILE}: {field_text(location)}: {message}") from None
 
 
 class DumpError(XfalignError):
@@ -126,10 +127,76 @@ def check_dump_target(path: str | Path, side: str | None = None, label: str = "d
     raise DumpTargetError(f"{where}: exists and is not an xfalign dump (no {META_FILE}); refusing to replace it")
 
 
+def _corrupt(directory: Path, name: str) -> IntegrityError:
+    return IntegrityError(f"{directory}: tensor {name}: bytes do not match the recorded digest (corrupt or edited dump)")
+
+
+class CheckedTensors(Mapping):
+    """A read dump's tensors (name -> array, in the dump's order), each checked against its recorded
+    digest before it is handed out: all at once (`check`, in threads), one on first access, or by a pass
+    that reads the bytes anyway (`unchecked` hands out an array with its StreamCheck, `settle` takes
+    the verdicts). A tensor that fails its check raises IntegrityError naming the dump and the tensor."""
+
+    def __init__(self, directory: Path, arrays: dict[str, np.ndarray], digests: dict[str, Digest]):
+        self._directory, self._arrays, self._digests = directory, arrays, digests
+        self._pending = set(arrays)  # not checked yet
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        array = self._arrays[name]
+        if name in self._pending:
+            self.check([name])
+        return array
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._arrays
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def items(self):
+        self.check()  # all at once, in threads
+        return ItemsView(self)
+
+    def values(self):
+        self.check()
+        return ValuesView(self)
+
+    def check(self, names: list[str] | None = None) -> None:
+        """Check `names` (default: every tensor not yet checked), in threads; IntegrityError names the
+        first (in the dump's order) whose bytes, dtype or shape disagree with its digest."""
+        with self._lock:
+            todo = [name for name in (self._arrays if names is None else names) if name in self._pending]
+            corrupt = verify({name: self._arrays[name] for name in todo}, self._digests)
+            if corrupt:
+                raise _corrupt(self._directory, corrupt[0])
+            self._pending.difference_update(todo)
+
+    def unchecked(self, name: str) -> tuple[np.ndarray, StreamCheck | None]:
+        """The array, and the check its bytes still need (None when already checked): the caller feeds
+        it while reading the bytes, then hands it to `settle` before using anything it found."""
+        array = self._arrays[name]
+        return array, StreamCheck(array, self._digests[name]) if name in self._pending else None
+
+    def settle(self, checks: dict[str, StreamCheck]) -> None:
+        """Take the verdicts of checks made by `unchecked` (hashing what their pass did not feed);
+        IntegrityError names the first tensor, in the dump's order, that fails."""
+        for name in self._arrays:
+            if name in checks:
+                if not checks[name].matches():
+                    raise _corrupt(self._directory, name)
+                with self._lock:
+                    self._pending.discard(name)
+
+
 @dataclass
 class Dump:
     meta: dict  # case, side, framework, impl, provenance, environment, input digests
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)  # forward -> backward order
+    # forward -> backward order; a read dump's are CheckedTensors (bytes checked before use)
+    tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def side(self) -> str:
@@ -159,8 +226,8 @@ class Dump:
         check_dump_target(directory, self.meta.get("side"))
         directory.parent.mkdir(parents=True, exist_ok=True)
         digests = digests_of(self.tensors)  # MD5 and XXH3, hashed in parallel threads
-        meta = validated_meta(dict(self.meta, format=FORMAT, xfalign=__version__, tensors=[{"name": name, **digests[name].to_json(xxh3=True)}
-                                                                      for name in self.tensors]), str(directory))
+        entries = [{"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors]
+        meta = validated_meta(dict(self.meta, format=FORMAT, xfalign=__version__, tensors=entries), str(directory))
         staging = staging_dir(directory)
         try:
             save_file({name: np.ascontiguousarray(a) for name, a in self.tensors.items()}, staging / TENSORS_FILE)
@@ -181,7 +248,11 @@ class Dump:
         return directory
 
     @classmethod
-    def read(cls, directory: str | Path) -> Dump:
+    def read(cls, directory: str | Path, check_bytes: bool = True) -> Dump:
+        """The dump at `directory`, every tensor's bytes checked against the digest recorded with it
+        (IntegrityError). With `check_bytes=False` the check is left to the first use of a tensor, or
+        to the comparison, which checks the bytes in its one pass over them
+        (harness.compare.case.compare_dumps): nothing uses bytes that were not checked."""
         directory = Path(directory)
         try:
             meta = json.loads((directory / META_FILE).read_text())
@@ -202,9 +273,9 @@ class Dump:
         for name in arrays:
             if name not in digests:
                 raise DumpError(f"{directory}: tensor {name}: in {TENSORS_FILE} but not listed in {META_FILE}")
-        tensors = {name: arrays[name] for name in digests}
-        # The digests shown and kept (MD5) must be digests of these bytes: check each tensor (by XXH3)
-        corrupt = verify(tensors, digests)
-        if corrupt:
-            raise IntegrityError(f"{directory}: tensor {corrupt[0]}: bytes do not match the recorded digest (corrupt or edited dump)")
+        # The digests shown and kept (MD5) must be digests of these bytes: each tensor is checked (by XXH3)
+        # now, or on first use, or by the comparison's one pass over the bytes
+        tensors = CheckedTensors(directory, {name: arrays[name] for name in digests}, digests)
+        if check_bytes:
+            tensors.check()
         return cls(meta, tensors)

@@ -58,3 +58,33 @@ def safe_name(name: str) -> str:
     commas, '=', '/', spaces) with '_'; never empty, '.' or '..'."""
     safe = _UNSAFE.sub("_", name)
     return safe if safe.strip(".") else safe.replace(".", "_") or "_"
+
+
+def validation_problem(error) -> tuple[tuple, str]:
+    """The one problem to report from a pydantic ValidationError, as (field path, message). In a union
+    the member that got deepest into the value explains it best; a wrong literal or type says what it got."""
+    first = max(error.errors(), key=lambda e: len(e["loc"]))
+    message = first["msg"]
+    if first["type"] == "literal_error":
+        got = repr(first["input"])
+        message = f"{message}, got {got[:80]}{'...' if len(got) > 80 else ''}"
+    elif first["type"].endswith("_type"):  # e.g. `shape: [true, 256]`
+        message = f"{message}, got {describe_value(first['input'])}"
+    return tuple(first["loc"]), message
+
+
+def describe_value(value) -> str:
+    """What a YAML value is, for messages: 'the boolean true', 'the number 2.0', 'a list'."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}" + ("..." if len(value) > 40 else "")
+    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def field_text(path: tuple) -> str:
+    return ".".join(str(part) for part in path) or "(top level)"

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from harness.case import Strict
-from harness.errors import XfalignError
+from harness.errors import XfalignError, field_text, validation_problem
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "numerics"
 DEFAULT_PROFILE = "portable-avx2"
@@ -67,10 +67,11 @@ def load_profile(name: str | None, relative_to: str | Path | None = None) -> Num
         raise ProfileError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
     try:
         return NumericsProfile(name=Path(name).stem, **data)
-    except (TypeError, ValidationError) as error:
-        detail = error.errors()[0] if isinstance(error, ValidationError) else {"loc": (), "msg": str(error)}
-        field = ".".join(map(str, detail["loc"])) or "(top level)"
-        raise ProfileError(f"{path}: {field}: {detail['msg']}") from None
+    except TypeError as error:
+        raise ProfileError(f"{path}: (top level): {error}") from None
+    except ValidationError as error:
+        location, message = validation_problem(error)
+        raise ProfileError(f"{path}: {field_text(location)}: {message}") from None
 
 
 def cpu_isa() -> str:

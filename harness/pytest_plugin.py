@@ -154,10 +154,10 @@ class CaseItem(pytest.Item):
         from rich.console import Console
 
         from harness.case import CaseError
+        from harness.errors import SideCrashed
         from harness.gate import Golden, baseline_dir, check, describe_update
         from harness.reports.terminal import print_comparison, print_gate_result
         from harness.reports.text import golden_written_text, status_label, verdict_text
-        from harness.errors import SideCrashed
         from harness.runner import run_case
 
         config = self.config

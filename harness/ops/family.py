@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from harness.case import Case, FieldProblem
 from harness.dtypes import FLOAT_DTYPES
+from harness.errors import validation_problem
 
 
 class NotAvailable(Exception):
@@ -59,8 +60,8 @@ class OpFamily(ABC):
         try:
             return self.options_model(**raw)
         except ValidationError as error:
-            first = error.errors()[0]
-            raise FieldProblem(("options",) + tuple(first["loc"]), first["msg"]) from None
+            location, message = validation_problem(error)
+            raise FieldProblem(("options", *location), message) from None
 
     def options(self, case: Case):
         return self.parse_options(case.options)
