@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,8 +31,10 @@ class Digest:
     xxh3: str | None = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, array: np.ndarray) -> Digest:
-        return digests_of({"": array})[""]
+    def of(cls, array: np.ndarray, xxh3: bool = True) -> Digest:
+        """The digest of `array`; with `xxh3=False`, MD5 only (what is not checked on a later read,
+        such as an input's digest, needs no XXH3)."""
+        return digests_of({"": array}, xxh3=xxh3)[""]
 
     def to_json(self, xxh3: bool = False) -> dict:
         """dtype, shape and MD5; with `xxh3`, the XXH3-128 too (as a dump records it)."""
@@ -50,12 +53,12 @@ def _raw(array: np.ndarray) -> np.ndarray:
     return unsigned_view(array).reshape(-1).view(np.uint8)
 
 
-def _md5(array: np.ndarray) -> str:
-    return hashlib.md5(_raw(array)).hexdigest()
+def _md5(raw: np.ndarray) -> str:
+    return hashlib.md5(raw).hexdigest()
 
 
-def _xxh3(array: np.ndarray) -> str:
-    return xxhash.xxh3_128(_raw(array)).hexdigest()
+def _xxh3(raw: np.ndarray) -> str:
+    return xxhash.xxh3_128(raw).hexdigest()
 
 
 def _dtype_is(dtype: np.dtype, name: str) -> bool:
@@ -76,12 +79,16 @@ def _run(tasks: list, nbytes: int, threads: int | None) -> list:
         return [future.result() for future in futures]
 
 
-def digests_of(arrays: Mapping[str, np.ndarray], threads: int | None = None) -> dict[str, Digest]:
-    """MD5 and XXH3-128 of every array, the hashes running in parallel threads."""
-    order = sorted(arrays, key=lambda name: -arrays[name].nbytes)  # longest first: best packing
-    tasks = [lambda a=arrays[name], h=h: h(a) for name in order for h in (_md5, _xxh3)]
-    hashes = iter(_run(tasks, sum(a.nbytes for a in arrays.values()), threads))
-    found = {name: (next(hashes), next(hashes)) for name in order}
+def digests_of(arrays: Mapping[str, np.ndarray], threads: int | None = None, xxh3: bool = True) -> dict[str, Digest]:
+    """MD5 and XXH3-128 (with `xxh3=False`: MD5 only) of every array, the hashes running in parallel
+    threads: one task per hash of a tensor, the longest first, so that the big tensors' MD5 (one
+    sequential stream each) start at once while the small ones fill the other threads."""
+    hashers = (_md5, _xxh3) if xxh3 else (_md5,)
+    raws = {name: _raw(array) for name, array in arrays.items()}  # no copy for a C-contiguous array
+    order = sorted(raws, key=lambda name: -raws[name].nbytes)
+    tasks = [lambda raw=raws[name], h=h: h(raw) for name in order for h in hashers]
+    hashes = iter(_run(tasks, sum(raw.nbytes for raw in raws.values()), threads))
+    found = {name: tuple(next(hashes) for _ in hashers) for name in order}
     return {name: Digest(dtype_name(array.dtype), tuple(int(n) for n in array.shape), *found[name])
             for name, array in arrays.items()}
 
@@ -93,7 +100,8 @@ def verify(arrays: Mapping[str, np.ndarray], digests: Mapping[str, Digest], thre
     must have a digest; names of `digests` without an array are not looked at.
     """
     def hash_of(array: np.ndarray, digest: Digest) -> tuple[str, str]:
-        return (_xxh3(array), digest.xxh3) if digest.xxh3 is not None else (_md5(array), digest.md5)
+        raw = _raw(array)
+        return (_xxh3(raw), digest.xxh3) if digest.xxh3 is not None else (_md5(raw), digest.md5)
 
     checked = [name for name, array in arrays.items()
                if _dtype_is(array.dtype, digests[name].dtype) and tuple(array.shape) == tuple(digests[name].shape)]
@@ -101,3 +109,57 @@ def verify(arrays: Mapping[str, np.ndarray], digests: Mapping[str, Digest], thre
     matching = {name for name, (found, recorded) in zip(checked, _run(tasks, sum(arrays[n].nbytes for n in checked), threads))
                 if found == recorded}
     return [name for name in arrays if name not in matching]
+
+
+class StreamCheck:
+    """The check of one array's bytes against its recorded digest (XXH3-128 where recorded, else MD5),
+    fed in order, piece by piece, by the threads of a pass that reads the bytes anyway (the comparison's
+    one pass, harness.compare.metrics): a thread calls `advance(stop)` once it has read the elements
+    before `stop`; whichever thread finds the stream idle hashes every byte asked for so far, while the
+    others go on (nobody waits on a lock held for hashing). `matches()`, once the pass is over, hashes
+    what is left and says whether the bytes are those recorded; a dtype or shape that disagrees with
+    the record never matches."""
+
+    def __init__(self, array: np.ndarray, digest: Digest):
+        self.digest = digest
+        self._agrees = _dtype_is(array.dtype, digest.dtype) and tuple(array.shape) == tuple(digest.shape)
+        self._raw = _raw(array)
+        self._itemsize = array.itemsize
+        self._hasher = xxhash.xxh3_128() if digest.xxh3 is not None else hashlib.md5()
+        self._state = threading.Lock()
+        self._hashed = self._wanted = 0
+        self._busy = False
+        self._result: bool | None = None
+
+    def advance(self, stop: int) -> None:
+        """Elements [0, stop) have been read: hash them, unless another thread is hashing (it takes
+        them on)."""
+        with self._state:
+            self._wanted = max(self._wanted, stop * self._itemsize)
+            if self._busy:
+                return
+            self._busy = True
+        while True:
+            with self._state:
+                start, end = self._hashed, self._wanted
+                if start >= end:
+                    self._busy = False
+                    return
+            self._hasher.update(self._raw[start:end])  # the GIL is released while hashing
+            with self._state:
+                self._hashed = end
+
+    @property
+    def unfed_bytes(self) -> int:
+        """Bytes not hashed yet (all of them where no pass fed the check)."""
+        return self._raw.size - self._hashed if self._agrees and self._result is None else 0
+
+    def matches(self) -> bool:
+        """Whether the bytes are those recorded (call once the threads feeding it are done)."""
+        if self._result is None:
+            if self._agrees:
+                self.advance(self._raw.size // self._itemsize if self._itemsize else 0)
+                assert self._hashed == self._raw.size
+            expected = self.digest.xxh3 if self.digest.xxh3 is not None else self.digest.md5
+            self._result = self._agrees and self._hasher.hexdigest() == expected
+        return self._result
