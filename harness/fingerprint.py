@@ -83,8 +83,7 @@ def label(field: str) -> str:
     return field if field.startswith("env.") else field.replace("_", " ")
 
 
-def differences(old: dict, new: dict) -> list[str]:
-    """Every field that differs, as `field old → new`; a field only one side recorded counts."""
+def changed_fields(old: dict, new: dict) -> list[str]:
+    """The fields whose values differ, new ones' order first; a field only one fingerprint recorded counts."""
     fields = list(new) + [f for f in old if f not in new]
-    return [f"{label(f)} {old.get(f, 'not recorded')} → {new.get(f, 'not recorded')}"
-            for f in fields if old.get(f, "not recorded") != new.get(f, "not recorded")]
+    return [f for f in fields if (f in old, old.get(f)) != (f in new, new.get(f))]

@@ -40,6 +40,7 @@ from harness.compare.pairs import originate
 from harness.digest import Digest, verify
 from harness.dump import DumpError, IntegrityError
 from harness.errors import OutputError, XfalignError, safe_name
+from harness.fingerprint import changed_fields
 from harness.reports.text import (
     GOLDEN_HEADER,
     changed_input_text,
@@ -337,10 +338,8 @@ def _environment_findings(golden: Golden, current: Golden) -> list[Finding]:
     findings = []
     for side, now in current.environment.items():
         before = golden.environment.get(side, {})
-        for name in list(now) + [f for f in before if f not in now]:
-            if (name in before, before.get(name)) != (name in now, now.get(name)):
-                findings.append(Finding("environment", side, True,
-                                        {"field": name, "golden": before.get(name), "now": now.get(name)}))
+        findings += [Finding("environment", side, True, {"field": name, "golden": before.get(name), "now": now.get(name)})
+                     for name in changed_fields(before, now)]
     return findings
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from harness.case import CaseError, load_case
 from harness.cli import main
-from harness.fingerprint import differences
+from harness.fingerprint import changed_fields
 from harness.gate import Golden, check
 from harness.runner import run_case
 
@@ -68,8 +68,8 @@ def test_code_changed_only_when_every_field_is_equal(small_run):
     assert check(small_run, golden).environment_changes == ["paddle: paddle cpu avx512f not recorded → False"]
 
 
-def test_differences_cover_fields_on_either_side():
-    assert differences({"a": 1, "gone": 2}, {"a": 1, "new": 3}) == ["new not recorded → 3", "gone 2 → not recorded"]
+def test_changed_fields_cover_fields_on_either_side():
+    assert changed_fields({"a": 1, "gone": 2, "none": None}, {"a": 1, "new": 3}) == ["new", "gone", "none"]
 
 
 def test_deterministic_setting_is_recorded_as_it_was_while_the_op_ran(write_case):
