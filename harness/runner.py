@@ -1,25 +1,39 @@
-"""Runs a case: inputs once, then each side in its own worker process, then the comparison.
+"""Runs cases: inputs once per case, each side in a long-lived worker process, then the comparison.
+
+A `WorkerPool` keeps one worker per (framework, device, numerics profile) for the whole run, so each
+framework is imported once; every case's side is a job sent to the worker of its key (harness.worker
+puts the process back as it was after each case). `run_cases` runs up to `jobs` cases at once and
+yields them in case order.
 
 Each worker runs in its own session and process group (so does everything it starts: torch's compile
-workers, helpers left by user code). Its stdout and stderr go to a file in the run's temporary folder,
-never to a pipe, so a helper that inherits them cannot hold the run open: the parent waits for the
-worker's pid only, then SIGKILLs the whole group. On a timeout, on a failing side (the other side is
-stopped too), and on SIGINT/SIGTERM (`interrupt_handler`, installed by the CLI, raises `Interrupted`)
-every group still alive is SIGKILLed and the temporary folder is removed before the exception leaves.
+workers, helpers left by user code). Its stdout and stderr go to files (the worker's own log, and per
+job the case's log), never to a pipe, so a helper that inherits them cannot hold the run open; jobs and
+results travel on a private pipe, and the parent watches the worker's pid, not the pipe. A worker that
+dies during a job (a signal, os._exit, sys.exit) or passes the job's timeout has its whole group
+SIGKILLed; that case fails (SideCrashed: the signal named, the exit code, the last lines of the case's
+output) and the next case of that key gets a new worker. On SIGINT/SIGTERM (`interrupt_handler`,
+installed by the CLI, raises `Interrupted`) or when the pool is closed every group is SIGKILLed and the
+temporary folder removed before the exception leaves.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import harness
@@ -30,19 +44,19 @@ from harness.errors import Interrupted, OutputError, SideCrashed, safe_name
 from harness.inputs import generate_inputs, write_inputs
 from harness.numerics import NumericsProfile, environment_class, load_profile
 
-# Per side, from the worker's start (framework import and compilation included); `--timeout` on the
-# command line, else a case's `timeout`, else this.
+# Per side, from the job's start (for a worker started for that job: from the worker's start, framework
+# import and compilation included); `--timeout` on the command line, else a case's `timeout`, else this.
 DEFAULT_SIDE_TIMEOUT_S = 600
 OUTPUT_TAIL_LINES = 15
 _POLL_S = 0.05
 
 # A worker runs the harness package this process imported, never one that happens to sit in the working
-# directory: -P keeps the cwd off sys.path while PYTHONPATH still applies; the package is loaded from the parent's folder and every harness module is checked to come
-# from there.
+# directory: -P keeps the cwd off sys.path while PYTHONPATH still applies; the package is loaded from the
+# parent's folder and every harness module is checked to come from there.
 HARNESS_DIR = Path(harness.__file__).resolve().parent
 _WORKER_BOOT = """\
 import importlib.util, os, sys
-package, job = sys.argv[1], sys.argv[2]
+package = sys.argv[1]
 spec = importlib.util.spec_from_file_location("harness", os.path.join(package, "__init__.py"),
                                               submodule_search_locations=[package])
 module = importlib.util.module_from_spec(spec)
@@ -51,10 +65,10 @@ spec.loader.exec_module(module)
 import harness.worker
 for name, loaded in list(sys.modules.items()):
     where = getattr(loaded, "__file__", None)
-    if (name == "harness" or name.startswith("harness.")) and where and \
+    if (name == "harness" or name.startswith("harness.")) and where and \\
             not os.path.realpath(where).startswith(os.path.realpath(package) + os.sep):
         sys.exit(f"xfalign worker: {name} was imported from {where}, not from the parent's {package}")
-sys.exit(harness.worker.main([job]))
+sys.exit(harness.worker.main(sys.argv[2:]))
 """
 
 
@@ -64,6 +78,9 @@ class CaseRun:
     dumps: dict[str, Dump]
     comparison: CaseComparison | None  # None when only one side ran
     environment_class: str  # goldens of this run live in baselines/<environment_class>/
+    # seconds: "inputs", "compare", "total" in the parent; per side what its worker measured
+    # ("import_s" on a worker's first job, "op_s" per repeat, "read_inputs_s", "dump_s", "reset_s", "total_s")
+    timings: dict = field(default_factory=dict)
 
     @property
     def case_name(self) -> str:
@@ -89,75 +106,17 @@ def interrupt_handler(signum: int, frame) -> None:
 
 @contextmanager
 def _critical():
-    _Critical.depth += 1
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _Critical.depth += 1
     try:
         yield
     finally:
-        _Critical.depth -= 1
-        if not _Critical.depth and _Critical.pending is not None:
-            signum, _Critical.pending = _Critical.pending, None
-            raise Interrupted(signum)
-
-
-@dataclass
-class _Worker:
-    side: str
-    process: subprocess.Popen
-    log: Path
-    status: Path
-    started: float
-    reaped: bool = False
-
-    def exited(self) -> bool:
-        """Whether the worker has exited, leaving it unreaped (its pid stays the group's id until
-        `stop` SIGKILLs the group)."""
-        if hasattr(os, "waitid"):
-            return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        return self.process.poll() is not None
-
-    def stop(self) -> None:
-        """SIGKILL the worker's process group (helpers and compile workers included) and reap the worker."""
-        if self.reaped:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # stuck in the kernel; it dies when that returns
-            pass
-        self.reaped = True
-
-    def tail(self) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").rstrip().splitlines()[-OUTPUT_TAIL_LINES:]
-        except OSError:
-            lines = []
-        if not lines:
-            return "; it printed nothing"
-        return f"; last {len(lines)} lines of its output:\n" + "\n".join(f"  {line}" for line in lines)
-
-    def check(self) -> None:
-        """Raise SideCrashed (or OutputError) unless the worker exited 0 with its dump written."""
-        code = self.process.returncode
-        try:
-            status = json.loads(self.status.read_text())
-        except (OSError, ValueError):
-            status = {}
-        if code < 0:
-            name = _signal_name(-code)
-            hint = " (likely out of memory)" if -code == signal.SIGKILL else ""
-            raise SideCrashed(f"side {self.side!r} was killed by {name}{hint} (signal {-code}){self.tail()}")
-        if "output_error" in status:
-            raise OutputError(status["output_error"])
-        if "error" in status:
-            headline = (str(status["error"]).strip().splitlines() or ["?"])[0]
-            raise SideCrashed(f"side {self.side!r} failed (exit {code}): {headline}{self.tail()}")
-        if "dump" not in status:
-            raise SideCrashed(f"side {self.side!r} exited before writing its dump (exit {code}){self.tail()}")
-        if code != 0:
-            raise SideCrashed(f"side {self.side!r} failed after writing its dump (exit {code}){self.tail()}")
+        if main:
+            _Critical.depth -= 1
+            if not _Critical.depth and _Critical.pending is not None:
+                signum, _Critical.pending = _Critical.pending, None
+                raise Interrupted(signum)
 
 
 def _signal_name(number: int) -> str:
@@ -167,35 +126,320 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _start_worker(job: dict, workdir: Path, index: int, workers: list[_Worker]) -> None:
-    """Start one side's worker and register it in `workers` (a signal cannot fall in between)."""
-    stem = f"{index}-{safe_name(job['side'])}"
-    job_file, status, log = (workdir / f"{kind}-{stem}.{ext}" for kind, ext in
-                             (("job", "json"), ("status", "json"), ("output", "log")))
-    job_file.write_text(json.dumps(dict(job, status=str(status))))
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    with open(log, "wb") as output, _critical():
-        process = subprocess.Popen([sys.executable, "-P", "-c", _WORKER_BOOT, str(HARNESS_DIR), str(job_file)],
-                                   stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
-        workers.append(_Worker(job["side"], process, log, status, time.monotonic()))
+def _tail(*logs: Path) -> str:
+    """The last lines of the first of `logs` that has any (the case's log, then the worker's own)."""
+    lines: list[str] = []
+    for log in logs:
+        try:
+            lines = log.read_text(errors="replace").rstrip().splitlines()[-OUTPUT_TAIL_LINES:]
+        except OSError:
+            lines = []
+        if lines:
+            break
+    if not lines:
+        return "; it printed nothing"
+    return f"; last {len(lines)} lines of its output:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def _wait(workers: list[_Worker], timeout: float) -> None:
-    """Wait for every worker (its pid only); stop each group as its worker ends. The first failure or
-    timeout raises at once (the caller stops the others)."""
-    pending = list(workers)
-    while pending:
-        for worker in list(pending):
-            if worker.exited():
-                worker.stop()  # whatever it left running dies with it
-                pending.remove(worker)
-                worker.check()
-            elif time.monotonic() - worker.started > timeout:
-                worker.stop()
-                raise SideCrashed(f"side {worker.side!r} timed out after {timeout:g} s{worker.tail()}")
-        if pending:
-            time.sleep(_POLL_S)
+class PoolClosed(Exception):
+    """The pool was closed (interrupted run) while a job waited or ran."""
+
+
+class _Process:
+    """One started worker process: its group, its channel, its own log."""
+
+    def __init__(self, popen: subprocess.Popen, to_worker: int, from_worker: int, log: Path):
+        self.popen, self.to_worker, self.from_worker, self.log = popen, to_worker, from_worker, log
+        self.started = time.monotonic()
+        self.reaped = False
+        self.buffer = b""
+
+    def exited(self) -> bool:
+        """Whether the worker has exited, leaving it unreaped (its pid stays the group's id until
+        `stop` SIGKILLs the group)."""
+        if self.reaped:
+            return True
+        if hasattr(os, "waitid"):
+            return os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        return self.popen.poll() is not None
+
+    def stop(self) -> None:
+        """SIGKILL the worker's process group (helpers and compile workers included) and reap the worker."""
+        if self.reaped:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # stuck in the kernel; it dies when that returns
+            pass
+        self.reaped = True
+        for fd in (self.to_worker, self.from_worker):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def send(self, job: dict) -> bool:
+        data = (json.dumps(job) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(self.to_worker, data):]
+        except (BrokenPipeError, OSError):
+            return False
+        return True
+
+    def receive(self, wait: float) -> dict | None:
+        """A result line if one arrives within `wait` seconds."""
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([self.from_worker], [], [], wait)
+            if not ready:
+                return None
+            chunk = os.read(self.from_worker, 1 << 16)
+            if not chunk:
+                return None
+            self.buffer += chunk
+            wait = 0
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+
+@dataclass
+class _Job:
+    side: str
+    payload: dict
+    log: Path
+    timeout: float
+    future: Future
+
+
+class _Slot:
+    """One worker of a key, (re)started as needed, and the thread that feeds it jobs."""
+
+    def __init__(self, pool: WorkerPool, key: tuple, queue: deque, index: int):
+        self.pool, self.key, self.queue, self.index = pool, key, queue, index
+        self.process: _Process | None = None
+        self.thread = threading.Thread(target=self._loop, name=f"xfalign-worker-{key[0]}-{index}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        pool = self.pool
+        while True:
+            with pool._lock:
+                while not self.queue and not pool._closed:
+                    pool._wake.wait()
+                if pool._closed:
+                    return
+                job = self.queue.popleft()
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            try:
+                job.future.set_result(self._run(job))
+            except BaseException as error:  # noqa: BLE001  (handed to the waiting case)
+                job.future.set_exception(error)
+
+    def _spawn(self) -> _Process:
+        pool = self.pool
+        number = next(pool._counter)
+        log = pool.workdir / f"worker-{number}-{safe_name(self.key[0])}.log"
+        child_in, to_worker = os.pipe()
+        from_worker, child_out = os.pipe()
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        try:
+            with open(log, "wb") as output, pool._lock:
+                if pool._closed:
+                    raise PoolClosed("the worker pool was closed")
+                popen = subprocess.Popen(
+                    [sys.executable, "-P", "-c", _WORKER_BOOT, str(HARNESS_DIR), "--serve", str(child_in), str(child_out)],
+                    stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, pass_fds=(child_in, child_out))
+                process = _Process(popen, to_worker, from_worker, log)
+                pool._processes.append(process)
+                pool._spawned[self.key[0]] = pool._spawned.get(self.key[0], 0) + 1
+        except BaseException:
+            for fd in (to_worker, from_worker):
+                os.close(fd)
+            raise
+        finally:
+            os.close(child_in)
+            os.close(child_out)
+        return process
+
+    def _run(self, job: _Job) -> dict:
+        pool = self.pool
+        if self.process is not None and self.process.exited():  # died while idle: not this case's fault
+            self.process.stop()
+            self.process = None
+        fresh = self.process is None
+        if fresh:
+            self.process = self._spawn()
+        process = self.process
+        started = process.started if fresh else time.monotonic()
+        sent = process.send(job.payload)
+        while True:
+            if pool._closed:
+                process.stop()
+                raise PoolClosed("the worker pool was closed")
+            result = process.receive(_POLL_S) if sent else None
+            if result is not None:
+                return result
+            if not sent or process.exited():
+                process.stop()  # whatever it left running dies with it
+                self.process = None
+                raise self._crash(job, process)
+            if time.monotonic() - started > job.timeout:
+                process.stop()
+                self.process = None
+                raise SideCrashed(f"side {job.side!r} timed out after {job.timeout:g} s"
+                                  f"{_tail(job.log, process.log)}")
+
+    @staticmethod
+    def _crash(job: _Job, process: _Process) -> SideCrashed:
+        code = process.popen.returncode
+        if code is not None and code < 0:
+            name = _signal_name(-code)
+            hint = " (likely out of memory)" if -code == signal.SIGKILL else ""
+            return SideCrashed(f"side {job.side!r} was killed by {name}{hint} (signal {-code}){_tail(job.log, process.log)}")
+        return SideCrashed(f"side {job.side!r} exited before writing its dump (exit {code}){_tail(job.log, process.log)}")
+
+
+class WorkerPool:
+    """Long-lived workers, one per (framework, device, numerics profile) (more per key where `jobs`
+    allows: jobs // 2 each), started when a case first needs one, reused by every case, restarted after
+    a crash or a timeout. A context manager: closing it SIGKILLs every worker's process group and removes
+    the pool's temporary folder (logs, inputs, the dumps of runs without --dump).
+
+        with WorkerPool() as pool:
+            run = run_case(case, pool=pool)
+            with pool.as_default():       # run_case() and the CLI called inside use this pool
+                ...
+    """
+
+    def __init__(self, jobs: int | None = None):
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.workers_per_key = max(1, self.jobs // 2)
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._queues: dict[tuple, deque] = {}
+        self._slots: dict[tuple, list[_Slot]] = {}
+        self._processes: list[_Process] = []
+        self._spawned: dict[str, int] = {}
+        self._counter = itertools.count()
+        self._workdir: Path | None = None
+        self.timings: list[tuple[str, dict]] = []  # (case name, CaseRun.timings) of every case run here
+
+    # -- lifetime -------------------------------------------------------------------------------------
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def workdir(self) -> Path:
+        with self._lock:
+            if self._workdir is None:
+                try:
+                    self._workdir = Path(tempfile.mkdtemp(prefix="xfalign-"))
+                except OSError as error:
+                    raise OutputError(f"cannot create a temporary folder in {tempfile.gettempdir()}: "
+                                      f"{error.strerror}") from None
+            return self._workdir
+
+    def close(self) -> None:
+        """SIGKILL every worker's group, fail what is still queued, remove the temporary folder."""
+        with _critical():
+            with self._lock:
+                self._closed = True
+                self._wake.notify_all()
+                processes = list(self._processes)
+                pending = [job for queue in self._queues.values() for job in queue]
+                for queue in self._queues.values():
+                    queue.clear()
+            for process in processes:
+                process.stop()
+            for job in pending:
+                if job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(PoolClosed("the worker pool was closed"))
+            for slots in self._slots.values():
+                for slot in slots:
+                    slot.thread.join(timeout=5)
+            if _DefaultPool.pool is self:
+                _DefaultPool.pool = None
+            self._write_timings()
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _write_timings(self) -> None:
+        """With XFALIGN_TIMINGS=FILE (scripts/bench_suite.py sets it), every case's timings and the
+        workers started, as JSON."""
+        target = os.environ.get("XFALIGN_TIMINGS")
+        if target and self.timings:
+            try:
+                Path(target).write_text(json.dumps({"cases": self.timings, "spawned": self._spawned}))
+            except OSError:
+                pass
+
+    @contextmanager
+    def as_default(self):
+        """Inside, run_case() without `pool=` and the CLI's run and gate use this pool."""
+        previous, _DefaultPool.pool = _DefaultPool.pool, self
+        try:
+            yield self
+        finally:
+            _DefaultPool.pool = previous
+
+    def stats(self) -> dict:
+        """{"spawned": {framework: worker processes started}, "alive": n}: 1 per framework when nothing crashed."""
+        with self._lock:
+            return {"spawned": dict(self._spawned), "alive": sum(not p.exited() for p in self._processes)}
+
+    # -- jobs -----------------------------------------------------------------------------------------
+
+    def prestart(self, key: tuple, payload: dict) -> None:
+        """Start the worker of `key` now and have it import its framework (while the parent makes the
+        first inputs); `payload` is a job of that key. Nothing if that key has a worker already."""
+        with self._lock:
+            if self._closed or self._slots.get(key):
+                return
+        job = dict(payload, prepare_only=True)
+        future = self.submit(key, "(start)", job, self.workdir / f"start-{next(self._counter)}.log",
+                             float(DEFAULT_SIDE_TIMEOUT_S))
+
+        def record(done: Future) -> None:
+            if not done.cancelled() and done.exception() is None:
+                with self._lock:
+                    self.timings.append((f"(start {key[0]})", {key[0]: done.result().get("timings", {})}))
+
+        future.add_done_callback(record)
+
+    def submit(self, key: tuple, side: str, payload: dict, log: Path, timeout: float) -> Future:
+        """Queue one side's job for the worker of `key`; the future's result is the worker's record."""
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("the worker pool was closed")
+            queue = self._queues.setdefault(key, deque())
+            queue.append(_Job(side, dict(payload, log=str(log)), log, timeout, future))
+            slots = self._slots.setdefault(key, [])
+            busy = len(queue) + sum(slot.process is not None for slot in slots)
+            if len(slots) < self.workers_per_key and (not slots or busy > len(slots)):
+                slots.append(_Slot(self, key, queue, len(slots)))
+            self._wake.notify_all()
+        return future
+
+
+class _DefaultPool:
+    pool: WorkerPool | None = None
+
+
+def current_pool() -> WorkerPool | None:
+    """The pool made the default by `WorkerPool.as_default()`, if any."""
+    return _DefaultPool.pool
 
 
 def side_timeout(case: Case, timeout: float | None = None) -> float:
@@ -214,19 +458,61 @@ def class_of(case: Case, numerics: str | None = None) -> str:
     return environment_class(profile_of(case, numerics), [case.device_of(side) for side in case.sides])
 
 
+def _key(case: Case, side: str, profile: NumericsProfile) -> tuple:
+    """Which worker runs a side: what must be set before its framework is imported."""
+    return (case.sides[side].framework, case.device_of(side), json.dumps(profile.model_dump(mode="json"), sort_keys=True))
+
+
+def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, dict]:
+    """Each side's record. A side that failed (crashed, timed out, raised, could not write its dump)
+    raises as soon as it is known, the first in side order among those known; a job of the case not yet
+    started is cancelled (one that runs finishes in its worker and is discarded)."""
+    while True:
+        finished = all(future.done() for future in futures.values())  # before the checks: no race
+        for side, future in futures.items():
+            if not future.done():
+                continue
+            try:
+                record = future.result()
+            except BaseException:
+                _cancel(futures)
+                raise
+            if "output_error" in record:
+                _cancel(futures)
+                raise OutputError(record["output_error"])
+            if "error" in record:
+                _cancel(futures)
+                headline = (str(record["error"]).strip().splitlines() or ["?"])[0]
+                raise SideCrashed(f"side {side!r} failed (exit {record.get('exit', 1)}): {headline}{_tail(logs[side])}")
+        if finished:
+            return {side: future.result() for side, future in futures.items()}
+        wait(list(futures.values()), timeout=0.2, return_when=FIRST_COMPLETED)  # short: signals are handled promptly
+
+
+def _cancel(futures: dict[str, Future]) -> None:
+    for future in futures.values():
+        future.cancel()
+
+
 def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int = 1,
              numerics: str | None = None, timeout: float | None = None,
-             max_input_gib: float | None = None) -> CaseRun:
+             max_input_gib: float | None = None, pool: WorkerPool | None = None) -> CaseRun:
     """Run the sides named in dump_dirs (each dumped there), or both sides into a temporary folder.
     With repeat > 1 each side runs the op that many times in its worker and records every digest.
-    `numerics` names a profile that replaces the case's; `timeout` (seconds per side) the case's."""
+    `numerics` names a profile that replaces the case's; `timeout` (seconds per side) the case's.
+    `pool`: the workers to use (default: the pool made default by `as_default`, else a pool of its own,
+    closed when the case is done)."""
+    pool = pool or current_pool()
+    if pool is None:
+        with WorkerPool(jobs=2) as own:
+            return run_case(case, dump_dirs, repeat, numerics, timeout, max_input_gib, own)
+    started = time.perf_counter()
     profile = profile_of(case, numerics)
     limit = side_timeout(case, timeout)
     try:
-        workdir = Path(tempfile.mkdtemp(prefix="xfalign-"))
+        workdir = Path(tempfile.mkdtemp(prefix=f"case-{safe_name(case.name)[:40]}-", dir=pool.workdir))
     except OSError as error:
-        raise OutputError(f"cannot create a temporary folder in {tempfile.gettempdir()}: {error.strerror}") from None
-    workers: list[_Worker] = []
+        raise OutputError(f"cannot create a temporary folder in {pool.workdir}: {error.strerror}") from None
     try:
         dump_dirs = dump_dirs or {side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)}
         inputs_file = workdir / "inputs.safetensors"
@@ -234,26 +520,78 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
             write_inputs(generate_inputs(case, max_input_gib), inputs_file)
         except OSError as error:
             raise OutputError(f"cannot write the inputs in {workdir}: {error.strerror}") from None
-        jobs = [{"case": case.to_json(), "source": case.source, "side": side,
-                 "inputs": str(inputs_file), "dump": str(path), "repeat": repeat,
-                 "numerics": profile.model_dump(mode="json")}
-                for side, path in dump_dirs.items()]
-        for index, job in enumerate(jobs):
-            _start_worker(job, workdir, index, workers)
-        _wait(workers, limit)
+        timings: dict = {"inputs": time.perf_counter() - started}
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        futures, logs = {}, {}
+        for index, (side, path) in enumerate(dump_dirs.items()):
+            payload = {"case": case.to_json(), "source": case.source, "side": side, "inputs": str(inputs_file),
+                       "dump": str(path), "repeat": repeat, "numerics": profile.model_dump(mode="json"),
+                       "profile_env": dict(profile.env), "cwd": os.getcwd(), "env": env}
+            logs[side] = workdir / f"output-{index}-{safe_name(side)}.log"
+            futures[side] = pool.submit(_key(case, side, profile), side, payload, logs[side], limit)
+        records = _wait_all(futures, logs)
         dumps = {}
         for side, path in dump_dirs.items():
+            timings[side] = records[side].get("timings", {})
             try:
-                dumps[side] = Dump.read(path)
+                dumps[side] = Dump.read(path, check_bytes=False)  # verified inside the comparison pass
             except DumpError as error:
                 raise SideCrashed(f"side {side!r} wrote a dump that cannot be read back: {error}") from None
     finally:
-        with _critical():
-            for worker in workers:
-                worker.stop()
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     comparison = None
     if len(dumps) == 2:
+        compared = time.perf_counter()
         first, second = (dumps[s] for s in case.sides)
         comparison = compare_dumps(first, second, case.expect)
-    return CaseRun(case, dumps, comparison, environment_class(profile, [case.device_of(s) for s in case.sides]))
+        timings["compare"] = time.perf_counter() - compared
+    timings["total"] = time.perf_counter() - started
+    with pool._lock:
+        pool.timings.append((case.name, timings))
+    return CaseRun(case, dumps, comparison, environment_class(profile, [case.device_of(s) for s in case.sides]),
+                   timings)
+
+
+def run_cases(cases: list[Case], dump_dirs=lambda case: None, repeat: int = 1, numerics: str | None = None,
+              timeout: float | None = None, max_input_gib: float | None = None, pool: WorkerPool | None = None,
+              jobs: int | None = None) -> Iterator[tuple[Case, CaseRun | SideCrashed]]:
+    """Run the cases, up to `jobs` at once (default: the pool's), yielding (case, run) in case order as
+    each becomes available; a crashed side is yielded as its SideCrashed, not raised. Any other error
+    (bad output path, interrupted run) raises when its case's turn comes."""
+    pool = pool or current_pool()
+    if pool is None:
+        with WorkerPool(jobs=jobs) as own:
+            yield from run_cases(cases, dump_dirs, repeat, numerics, timeout, max_input_gib, own, jobs)
+        return
+    parallel = max(1, jobs or pool.jobs)
+    for case in cases:  # every framework starts importing at once, before the first inputs are made
+        for side in case.sides if dump_dirs(case) is None else dump_dirs(case):
+            profile = profile_of(case, numerics)
+            pool.prestart(_key(case, side, profile), {"case": case.to_json(), "source": case.source, "side": side,
+                                                      "numerics": profile.model_dump(mode="json")})
+
+    def one(case: Case):
+        try:
+            return run_case(case, dump_dirs(case), repeat, numerics, timeout, max_input_gib, pool)
+        except SideCrashed as error:
+            return error
+
+    executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="xfalign-case")
+    remaining = iter(cases)
+    pending = deque((case, executor.submit(one, case)) for case in itertools.islice(remaining, parallel))
+    try:
+        while pending:
+            case, future = pending[0]
+            while not future.done():
+                wait([future], timeout=0.2)  # short waits: a signal is handled promptly
+            pending.popleft()
+            following = next(remaining, None)
+            if following is not None:
+                pending.append((following, executor.submit(one, following)))
+            yield case, future.result()
+    finally:
+        # an error or an interrupted run: cases not started are dropped; those running end with their
+        # jobs (or at once, when the pool is closed)
+        for _, future in pending:
+            future.cancel()
+        executor.shutdown(wait=False, cancel_futures=True)

@@ -1,21 +1,32 @@
-"""Worker process: runs one side of one case and writes its dump.
+"""Worker process: runs sides of cases and writes their dumps.
 
-    python -m harness.worker JOB.json
+    python -m harness.worker JOB.json          one job, then exit (the original protocol)
+    python -m harness.worker --serve IN OUT    a long-lived worker: one JSON job per line on fd IN, one JSON
+                                               result per line on fd OUT, until IN is closed
 
-JOB.json holds the validated case, its source path, the side name, the inputs file and the dump
-directory, and optionally a status file. The side's framework adapter sets what the framework reads
-at import before anything imports it.
+A long-lived worker serves one (framework, device, numerics profile): the profile's variables are set
+before the framework is imported (on the first job), and everything a case may change is put back after
+it (`_CaseState`): environment variables, working directory, the framework's deterministic flags, RNG,
+torch.distributed groups and Megatron's parallel state, dynamo's compile caches, default dtype, grad
+mode, warnings filters, user modules. Torch's compile/eager mode is switched per case at runtime.
 
-The status file (JSON) is written last: {"dump": PATH} once the dump is in place, {"error": "Type:
-message"} when the side raised, {"output_error": message} when the dump could not be written (exit 2).
-A worker that ends without writing it (user code calling sys.exit or os._exit, a signal) exited before
-writing its dump, whatever its exit code; the parent reports it so.
+A job holds the validated case, its source path, the side name, the inputs file, the dump directory,
+the parent's working directory and environment, and optionally a status file and a log file (the case's
+output: fds 1 and 2 point there while it runs). The result: {"dump": PATH, "timings": {...}} once the dump
+is in place, {"error": "Type: message", "exit": 1} when the side raised (the traceback goes to the case's
+log), {"output_error": message} when the dump could not be written (exit 2). A worker that dies during
+a job (user code calling sys.exit or os._exit, a signal) exited before writing its dump; the parent
+reports it so and starts a new worker for the next case.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import sys
+import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -31,8 +42,11 @@ from harness.inputs import read_inputs
 from harness.numerics import NumericsProfile, environment_class
 from harness.ops import NotAvailable, family_for
 
+_WARNINGS = ".*(Transformer Engine|Apex|ccache).*"
 
-def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile, adapter: FrameworkAdapter) -> SideOutput:
+
+def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile, adapter: FrameworkAdapter,
+             timings: dict | None = None) -> SideOutput:
     """One run of the side's op, with the environment recorded."""
     device = case.device_of(side_name)
     reason = adapter.unavailable(device)
@@ -42,21 +56,33 @@ def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile,
     adapter.apply_profile(profile)
     # The family's settings hold for forward and backward, as in a training run, and are read there.
     with adapter.deterministic(family_for(case.op, case.source).deterministic(case)):
+        compiled = adapter.compile_stats()
+        started = time.perf_counter()
         output = execute(case, case.sides[side_name], arrays, adapter, device)
+        if timings is not None:
+            timings.setdefault("op_s", []).append(time.perf_counter() - started)
+            for name, value in adapter.compile_stats().items():  # compilation inside the op (torch.compile)
+                timings[name] = timings.get(name, 0) + value - compiled.get(name, 0)
         runtime = adapter.runtime_fingerprint(device)
     output.environment = (fingerprint.common(profile.name) | adapter.fingerprint(device, profile) | runtime
                           | {"environment_class": environment_class(profile, [device])})
     return output
 
 
-def run_job(job: dict) -> Path:
+def run_job(job: dict, timings: dict | None = None) -> Path:
+    """One side of one case, its dump written. In a long-lived worker the framework was prepared by
+    `_prepare` (profile variables set before its import); here only the case's mode is set."""
+    timings = {} if timings is None else timings
     case = Case(**job["case"], source=job["source"])
     side = case.sides[job["side"]]
     profile = NumericsProfile(**job["numerics"])
     adapter = adapter_for(side.framework)
     mode = side.mode or adapter.default_mode
-    adapter.before_import(profile, mode)  # ISA and thread pins are read when the framework loads
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|ccache).*")
+    timings["framework"] = side.framework
+    if not _Prepared.done:
+        adapter.before_import(profile, mode)  # ISA and thread pins are read when the framework loads
+    adapter.set_mode(mode)
+    warnings.filterwarnings("ignore", message=_WARNINGS)
     family = family_for(case.op, case.source)
     meta = {
         "xfalign": __version__,
@@ -69,34 +95,39 @@ def run_job(job: dict) -> Path:
         "axes": family.tensor_axes(case),
         "notes": family.tensor_notes(case),
     }
+    started = time.perf_counter()
     arrays = read_inputs(Path(job["inputs"]))
+    timings["read_inputs_s"] = time.perf_counter() - started
     try:
-        runs = [run_side(case, job["side"], arrays, profile, adapter) for _ in range(job.get("repeat", 1))]
+        runs = [run_side(case, job["side"], arrays, profile, adapter, timings) for _ in range(job.get("repeat", 1))]
     except NotAvailable as reason:
         meta |= {"provenance": "-", "environment": {}, "inputs": {}, "unavailable": str(reason)}
-        return _write_dump(Dump(meta, {}), job["dump"])
+        return _write_dump(Dump(meta, {}), job["dump"], timings)
     output = runs[0]
     meta |= {
         "provenance": output.provenance,
         "environment": output.environment,
         "inputs": {name: digest.to_json() for name, digest in output.input_digests.items()},
         # MD5 of each tensor in every repeat: more than one distinct value means nondeterminism.
-        "repeats": {name: [Digest.of(run.tensors[name]).md5 if name in run.tensors else None for run in runs]
+        "repeats": {name: [Digest.of(run.tensors[name], xxh3=False).md5 if name in run.tensors else None for run in runs]
                     for name in output.tensors} if len(runs) > 1 else {},
     }
-    return _write_dump(Dump(meta, output.tensors), job["dump"])
+    return _write_dump(Dump(meta, output.tensors), job["dump"], timings)
 
 
 class DumpWriteFailed(Exception):
     """The dump could not be written (unwritable folder, full disk): an output error, not a crash."""
 
 
-def _write_dump(dump: Dump, directory: str) -> Path:
+def _write_dump(dump: Dump, directory: str, timings: dict) -> Path:
+    started = time.perf_counter()
     try:
         return dump.write(directory)
     except (OSError, SafetensorError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise DumpWriteFailed(f"cannot write the dump {directory}: {reason}") from error
+    finally:
+        timings["dump_s"] = time.perf_counter() - started
 
 
 def _report(status: str | None, record: dict) -> None:
@@ -104,7 +135,156 @@ def _report(status: str | None, record: dict) -> None:
         Path(status).write_text(json.dumps(record))
 
 
+class _Prepared:
+    """Whether this process has set its profile's variables and may import its framework."""
+
+    done = False
+    framework: str | None = None
+
+
+def _prepare(job: dict) -> dict:
+    """First job of a long-lived worker: the profile's variables, then the framework import (timed)."""
+    case = Case(**job["case"], source=job["source"])
+    side = case.sides[job["side"]]
+    profile = NumericsProfile(**job["numerics"])
+    adapter = adapter_for(side.framework)
+    adapter.before_import(profile, None)
+    started = time.perf_counter()
+    adapter.import_framework()
+    _Prepared.done, _Prepared.framework = True, side.framework
+    return {"import_s": time.perf_counter() - started}
+
+
+class _CaseState:
+    """What a case may change in this process, recorded before it and put back after it."""
+
+    def __init__(self, job: dict):
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.filters = list(warnings.filters)
+        self.python_random = random.getstate()
+        self.numpy_random = _numpy_state()
+        self.modules = set(sys.modules)
+        self.path = list(sys.path)
+        self.adapter = adapter_for(_Prepared.framework) if _Prepared.framework else None
+        self.framework_state = self.adapter.save_state() if self.adapter else None
+        # the case runs in the parent's folder, with the parent's variables, the profile's on top
+        os.environ.clear()
+        os.environ.update(job.get("env") or self.environ)
+        os.environ.update(job.get("profile_env") or {})
+        for name, value in self.environ.items():  # what the worker set before its import stays (cache dirs)
+            if name.startswith("TORCHINDUCTOR_") or name.startswith("TRITON_"):
+                os.environ.setdefault(name, value)
+        if job.get("cwd"):
+            os.chdir(job["cwd"])
+
+    def restore(self) -> None:
+        if self.adapter is not None:
+            self.adapter.restore_state(self.framework_state)
+        os.chdir(self.cwd)
+        os.environ.clear()
+        os.environ.update(self.environ)
+        warnings.filters[:] = self.filters
+        warnings._filters_mutated()
+        random.setstate(self.python_random)
+        _set_numpy_state(self.numpy_random)
+        sys.path[:] = self.path
+        for name in set(sys.modules) - self.modules:  # user code loaded for this case only
+            if name.startswith("xfalign_user_"):
+                del sys.modules[name]
+        from harness import ops
+
+        ops._file_module.cache_clear()
+        ops._family.cache_clear()
+
+
+def _numpy_state():
+    import numpy as np
+
+    return np.random.get_state()
+
+
+def _set_numpy_state(state) -> None:
+    import numpy as np
+
+    np.random.set_state(state)
+
+
+def _redirect(log: str | None, fallback: int) -> None:
+    """Point fds 1 and 2 at the case's log (or back at the worker's own)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+        finally:
+            os.close(fd)
+    else:
+        os.dup2(fallback, 1)
+        os.dup2(fallback, 2)
+
+
+def serve_one(job: dict) -> dict:
+    """Run one job in this long-lived worker and put the process back as it was; the result record."""
+    timings: dict = {}
+    started = time.perf_counter()
+    try:
+        if not _Prepared.done:
+            timings |= _prepare(job)
+        if job.get("prepare_only"):  # started ahead of its first case: the import only
+            return {"prepared": True, "timings": timings | {"framework": _Prepared.framework}}
+        state = _CaseState(job)
+    except Exception as error:
+        traceback.print_exc()
+        return {"error": f"{type(error).__name__}: {error}", "exit": 1, "timings": timings}
+    try:
+        written = run_job(job, timings)
+        record = {"dump": str(written)}
+    except DumpWriteFailed as error:
+        record = {"output_error": str(error)}
+    except Exception as error:
+        traceback.print_exc()  # to the case's log, whose tail the parent shows
+        record = {"error": f"{type(error).__name__}: {error}", "exit": 1}
+    finally:
+        reset = time.perf_counter()
+        state.restore()
+        timings["reset_s"] = time.perf_counter() - reset
+    timings["total_s"] = time.perf_counter() - started
+    return record | {"timings": timings}
+
+
+def serve(fd_in: int, fd_out: int) -> int:
+    """The long-lived worker's loop: a job per line in, a result per line out, until fd_in closes."""
+    for fd in (fd_in, fd_out):
+        os.set_inheritable(fd, False)  # helpers started by user code do not get the parent's channel
+    own_log = os.dup(1)
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            chunk = os.read(fd_in, 1 << 16)
+            if not chunk:
+                return 0
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        job = json.loads(line)
+        _redirect(job.get("log"), own_log)
+        try:
+            record = serve_one(job)  # SystemExit / KeyboardInterrupt from user code end the worker
+        finally:
+            _redirect(None, own_log)
+        data = (json.dumps(record) + "\n").encode()
+        while data:
+            data = data[os.write(fd_out, data):]
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--serve":
+        return serve(int(argv[1]), int(argv[2]))
     job = json.loads(Path(argv[0]).read_text())
     status = job.get("status")
     try:

@@ -5,7 +5,9 @@
 A dump-like set of --tensors tensors (bf16 and fp32, --mib MiB in all) is hashed, side by side in one run:
 - "hashlib.md5, one thread": each tensor's MD5 in turn, the floor a single-threaded writer pays;
 - "digests_of, 1 thread": xfalign's MD5 + XXH3-128 of every tensor without threads;
-- "digests_of, threads": what Dump.write runs (one thread per core; hashlib and xxhash release the GIL).
+- "digests_of, threads": what Dump.write runs (one thread per core; hashlib and xxhash release the GIL);
+- "digests_of (MD5 only)": what an input's digest needs (Digest.of(array, xxh3=False)): nothing checks it
+  against bytes later, so no XXH3.
 Throughput counts the tensors' bytes once, best of --repeat. MD5 of one tensor is one sequential stream,
 so threads help across tensors: the set is split into several tensors, as a dump is.
 """
@@ -59,13 +61,16 @@ def main() -> None:
 
     methods = {"hashlib.md5, one thread": md5_serial,
                "digests_of (MD5 + XXH3), 1 thread": lambda: digests_of(tensors, threads=1),
-               f"digests_of (MD5 + XXH3), {os.cpu_count()} threads": lambda: digests_of(tensors)}
-    print(f"{args.tensors} tensors, {gb:.2f} GB, {os.cpu_count()} cores, best of {args.repeat}")
+               f"digests_of (MD5 + XXH3), {os.cpu_count()} threads": lambda: digests_of(tensors),
+               f"digests_of (MD5 only), {os.cpu_count()} threads": lambda: digests_of(tensors, xxh3=False)}
+    print(f"{args.tensors} tensors, {gb:.2f} GB, {os.cpu_count()} cores, best of {args.repeat}, "
+          f"load average {os.getloadavg()[0]:.2f}")
     floor = None
     for label, task in methods.items():
         seconds = best_seconds(task, args.repeat)
         floor = floor or seconds
         print(f"{label:<40} {gb / seconds:6.2f} GB/s  ({floor / seconds:.2f}x the single-threaded MD5)")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end (other processes share these CPUs)")
 
 
 if __name__ == "__main__":

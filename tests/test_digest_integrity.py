@@ -2,6 +2,7 @@
 against them on every read; and the mismatch heatmap comes out of the comparison's one pass."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 
 from harness.compare import metrics
 from harness.cli import main
-from harness.digest import Digest, digests_of, verify
+from harness.compare.case import compare_dumps
+from harness.digest import Digest, StreamCheck, digests_of, verify
 from harness.dump import META_FILE, TENSORS_FILE, Dump, DumpError, IntegrityError
 from harness.gate import Golden
 from harness.compare.heatmap import Grid
@@ -104,6 +106,77 @@ def test_cli_compare_of_an_edited_dump_exits_2_naming_the_tensor(tmp_path, capsy
     assert main(["compare", str(a_dir), str(b_dir)]) == 2
     assert (f"xfalign: error: {b_dir}: tensor out: bytes do not match the recorded digest (corrupt or edited dump)"
             in capsys.readouterr().err)
+
+
+def test_comparison_checks_the_bytes_in_its_one_pass(tmp_path, monkeypatch):
+    """Dumps read with check_bytes=False: the comparison's one pass feeds every tensor's digest check
+    (XXH3, or MD5 where the dump records no XXH3) and refuses a corrupt tensor with the same error;
+    a tensor that the pass does not scan (one side only) is still checked; the comparison of intact
+    dumps is the one of dumps checked on read."""
+    a_dir, b_dir = write_dumps(tmp_path)
+    eager = compare_dumps(Dump.read(a_dir), Dump.read(b_dir))
+    lazy_a, lazy_b = Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False)
+    fed = []
+    original = StreamCheck.advance
+    monkeypatch.setattr(StreamCheck, "advance", lambda self, stop: (fed.append(stop), original(self, stop))[1])
+    lazy = compare_dumps(lazy_a, lazy_b)
+    assert fed  # the element pass fed the checks
+    assert [(r.name, r.findings) for r in lazy.tensors] == [(r.name, r.findings) for r in eager.tensors]
+    assert [r.pair.values.stats for r in lazy.tensors] == [r.pair.values.stats for r in eager.tensors]
+    monkeypatch.undo()
+    # B's tensor corrupt; then A's too: A's is named, as reading A then B would
+    for side_dir, name, offset in ((b_dir, "out", 2), (a_dir, "grad.probs", 5)):
+        flip_byte(side_dir / TENSORS_FILE, tensor_byte_offset(side_dir / TENSORS_FILE, name) + offset)
+        with pytest.raises(IntegrityError) as error:
+            compare_dumps(Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False))
+        assert str(error.value) == f"{side_dir}: tensor {name}: bytes do not match the recorded digest (corrupt or edited dump)"
+    # old dumps (MD5 only) are checked by MD5 in the same pass
+    edit_meta(a_dir, lambda meta: [entry.pop("xxh3") for entry in meta["tensors"]])
+    with pytest.raises(IntegrityError, match="tensor grad.probs: bytes do not match"):
+        compare_dumps(Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False))
+
+
+def test_unchecked_tensors_are_checked_before_any_other_use(tmp_path):
+    a_dir, _ = write_dumps(tmp_path)
+    dump = Dump.read(a_dir, check_bytes=False)
+    assert "out" in dump.tensors and list(dump.tensors) == ["out", "grad.x", "grad.probs"]
+    assert dump.tensors["out"].shape == (64, 128)  # intact: handed out after its check
+    flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, "grad.x"))
+    corrupt = Dump.read(a_dir, check_bytes=False)
+    for use in (lambda t: t["grad.x"], lambda t: t.get("grad.x"), lambda t: dict(t.items()), lambda t: list(t.values())):
+        with pytest.raises(IntegrityError, match="tensor grad.x: bytes do not match the recorded digest"):
+            use(corrupt.tensors)
+    assert corrupt.tensors["out"] is not None  # the others still read
+
+
+def test_one_sided_and_unscannable_tensors_are_checked(tmp_path):
+    a, b = known_diff_dumps()
+    b.tensors = {"out": b.tensors["out"].reshape(-1)[:100].copy(), "grad.x": b.tensors["grad.x"]}
+    a_dir, b_dir = a.write(tmp_path / "A"), b.write(tmp_path / "B")
+    for name in ("grad.probs", "out"):  # only in A; shapes and sizes differ: not scanned
+        flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, name) + 1)
+        with pytest.raises(IntegrityError, match=f"tensor {name}: bytes do not match"):
+            compare_dumps(Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False))
+        flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, name) + 1)
+    comparison = compare_dumps(Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False))
+    assert [r.pair.__class__.__name__ for r in comparison.tensors] == ["MismatchedPair", "FloatPair", "OneSidedPair"]
+
+
+def test_stream_check_fed_out_of_order_from_threads_matches_one_shot():
+    rng = np.random.default_rng(7)
+    array = rng.standard_normal(1 << 20).astype(np.float32)
+    full = Digest.of(array)
+    for digest in (full, Digest(full.dtype, full.shape, full.md5)):  # checked by XXH3; by MD5 where none is recorded
+        check = StreamCheck(array, digest)
+        stops = list(range(1000, array.size, 77_777))
+        rng.shuffle(stops)
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(check.advance, stops))
+        assert check.matches()
+        edited = array.copy()
+        edited[-1] += 1
+        assert not StreamCheck(edited, digest).matches()
+        assert not StreamCheck(array.reshape(2, -1), digest).matches()  # shape disagrees
 
 
 def make_golden(tmp_path) -> tuple[Golden, object]:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from harness.case import ExpectSpec
 from harness.compare.expectations import Expectation
 from harness.compare.findings import Finding
 from harness.compare.pairs import Pair, originate
-from harness.digest import Digest
-from harness.dump import Dump
+from harness.digest import Digest, StreamCheck
+from harness.dump import CheckedTensors, Dump
 from harness.errors import XfalignError
 
 
@@ -109,9 +113,38 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
     names = list(a.tensors) + [n for n in b.tensors if n not in a.tensors]
     a_digests, b_digests = a.digests, b.digests
     axes, notes = a.meta.get("axes", {}), a.meta.get("notes", {})
-    results = []
+    checks: tuple[dict[str, StreamCheck], dict[str, StreamCheck]] = ({}, {})
+    pairs = []
     for name in names:
-        pair = originate(name, a.tensors.get(name), b.tensors.get(name), (a_digests.get(name), b_digests.get(name)))
+        (xa, ca), (xb, cb) = (_unchecked(dump.tensors, name, found) for dump, found in zip((a, b), checks))
+        pair = originate(name, xa, xb, (a_digests.get(name), b_digests.get(name)), (ca, cb))
         pair.axes, pair.note = axes.get(name), notes.get(name)
-        results.append(TensorResult.judge(pair, expect.for_tensor(name)))
+        pairs.append(pair)
+    _settle((a, b), checks)  # nothing found is used before the bytes are known to be the recorded ones
+    results = [TensorResult.judge(pair, expect.for_tensor(pair.name)) for pair in pairs]
     return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), results, a.input_digests)
+
+
+def _unchecked(tensors, name: str, checks: dict[str, StreamCheck]) -> tuple[np.ndarray | None, StreamCheck | None]:
+    """A tensor for the one pass, with the digest check its bytes still need (a read dump's: CheckedTensors)."""
+    if name not in tensors:
+        return None, None
+    if not isinstance(tensors, CheckedTensors):
+        return tensors[name], None
+    array, check = tensors.unchecked(name)
+    if check is not None:
+        checks[name] = check
+    return array, check
+
+
+def _settle(dumps: tuple[Dump, Dump], checks: tuple[dict[str, StreamCheck], dict[str, StreamCheck]]) -> None:
+    """The verdicts of the digest checks; those the element pass did not feed (a tensor one side lacks,
+    shapes that cannot be compared) hash their bytes here, in threads. IntegrityError: side A's first
+    corrupt tensor, else B's."""
+    unfed = [check for found in checks for check in found.values() if check.unfed_bytes]
+    if sum(check.unfed_bytes for check in unfed) >= 1 << 20 and len(unfed) > 1:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(StreamCheck.matches, unfed))
+    for dump, found in zip(dumps, checks):
+        if found:
+            dump.tensors.settle(found)

@@ -6,6 +6,8 @@ the "which bits differ" scan comes first, on 8-byte words (several elements at a
 elements differ, ULP distance, NaN/Inf classes, abs/rel error and the mismatch grid
 (harness.compare.heatmap) are computed on the differing elements only, gathered (equal elements contribute 0
 to all of them); where many differ, on whole cache-sized blocks, in place, with no gathering.
+The same pass feeds the digest checks of both sides' bytes (harness.digest.StreamCheck), chunk by
+chunk, as each chunk is read: comparing a read dump verifies it without a pass of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.compare.heatmap import Grid, MismatchMap
+from harness.digest import StreamCheck
 from harness.dtypes import (
     FLOAT_DTYPES,
     NUMPY_DTYPES,
@@ -30,8 +33,9 @@ from harness.dtypes import (
 ULP_BUCKETS = ("0", "1", "2-3", "4-15", ">=16")
 CHUNK_ELEMENTS = 1 << 21  # per task of the thread pool: the "which bits differ" scan, then the differing elements
 DENSE_FRACTION = 16  # where more than 1/16 of the elements differ, compute on whole blocks, in place
-DENSE_BLOCK = 1 << 19  # elements per such block: in cache, and numpy calls long enough for 2 threads to overlap
+DENSE_BLOCK = 1 << 18  # elements per such block: in cache, and numpy calls long enough for 2 threads to overlap
 _SEARCH_BLOCK = 1 << 14
+_PROBE = 1 << 12  # elements of a chunk's head that decide whether to try gathering (only a matter of speed)
 _EDGES = (1, 2, 4, 16)  # lower edges of the ULP histogram buckets after "0"
 WORST_K = 16
 
@@ -380,7 +384,8 @@ def _float_dense(ca: np.ndarray, cb: np.ndarray, differ: np.ndarray, stats: Elem
     # ULP distance (as _ulp_bits): |mag_a - mag_b| for one sign, mag_a + mag_b across signs (rare)
     np.subtract(ulp, np.minimum(mag_a, mag_b, out=other), out=ulp)
     signs = np.bitwise_xor(ca, cb, out=other)
-    if signs.max() >= layout.sign_mask:
+    crossing = bool(signs.max() >= layout.sign_mask)
+    if crossing:
         np.add(mag_a, mag_b, out=ulp, where=np.greater_equal(signs, layout.sign_mask, out=flags))
     at_least = [int(np.count_nonzero(ulp))] + [int(np.count_nonzero(np.greater_equal(ulp, edge, out=flags))) for edge in _EDGES[1:]]
     stats.signed_zero_only = stats.differing - at_least[0]  # finite, differing, 0 ULP apart: +0 vs -0
@@ -395,24 +400,31 @@ def _float_dense(ca: np.ndarray, cb: np.ndarray, differ: np.ndarray, stats: Elem
         top = _largest_first_occurrences(ulp, WORST_K, dict(zip(_EDGES, at_least)), stats.max_ulp)
         stats.worst = _top_worst(stats.worst + [WorstElement(span.start + int(i), int(ulp[i]), int(ca[i]), int(cb[i]))
                                                 for i in top])
-        if dtype.itemsize != 4 or not _abs_rel_fp32(ca, cb, stats, span.start, wide_a, wide_b, flags):
-            _abs_rel_wide(ca, cb, dtype, stats, span.start, wide_a, wide_b, flags)
+        if dtype.itemsize != 4 or not _abs_rel_fp32(ca, cb, stats, span.start, wide_a, wide_b, flags, mag_a):
+            _abs_rel_wide(ca, cb, dtype, stats, span.start, wide_a, wide_b, flags,
+                          None if crossing else (mag_a, mag_b))
     return (None if grid is None else _dense_part(differ, ulp, span, grid),)
 
 
 def _abs_rel_wide(ca: np.ndarray, cb: np.ndarray, dtype: np.dtype, stats: ElementStats, start: int,
-                  wide_a: np.ndarray, wide_b: np.ndarray, flags: np.ndarray) -> None:
-    """Max abs and rel error of a whole block (no NaN/Inf in it), in the wide float (_values)."""
-    va = _values(ca, dtype, wide_a)
-    vb = _values(cb, dtype, wide_b)
+                  wide_a: np.ndarray, wide_b: np.ndarray, flags: np.ndarray,
+                  mags: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Max abs and rel error of a whole block (no NaN/Inf in it), in the wide float (_values).
+    `mags`: the magnitudes' bits, where no element pair crosses signs: then |a - b| is the magnitudes'
+    difference, rounding being symmetric, and |a| needs no pass of its own."""
+    va = _values(ca if mags is None else mags[0], dtype, wide_a)
+    vb = _values(cb if mags is None else mags[1], dtype, wide_b)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         abs_err = np.absolute(np.subtract(va, vb, out=wide_b), out=wide_b)
         arg = int(np.argmax(abs_err))
         stats.max_abs, stats.max_abs_flat_index = float(abs_err[arg]), start + arg
-        rel_err = np.divide(abs_err, np.absolute(va, out=wide_a), out=wide_b)  # 0/0 (NaN) where both are 0
-    top_rel = float(np.fmax.reduce(rel_err))
-    if top_rel > 0:
+        rel_err = np.divide(abs_err, va if mags is not None else np.absolute(va, out=wide_a), out=wide_b)
+    arg = int(np.argmax(rel_err))  # the first maximum, unless there is a NaN (0/0: a and b both zero)
+    top_rel = float(rel_err[arg])
+    if top_rel != top_rel:
+        top_rel = float(np.fmax.reduce(rel_err))
         arg = int(np.argmax(np.equal(rel_err, top_rel, out=flags)))
+    if top_rel > 0:
         stats.max_rel, stats.max_rel_flat_index = top_rel, start + arg
 
 
@@ -420,7 +432,7 @@ _REL_SLACK = 1 - 2.0 ** -20  # fp32's rel error is within about 2**-23 of fp64's
 
 
 def _abs_rel_fp32(ca: np.ndarray, cb: np.ndarray, stats: ElementStats, start: int, wide_a: np.ndarray,
-                  wide_b: np.ndarray, flags: np.ndarray) -> bool:
+                  wide_b: np.ndarray, flags: np.ndarray, mag_a: np.ndarray) -> bool:
     """_abs_rel_wide for fp32 at half the cost: the maxima are found in fp32, then the few elements
     that can hold them are computed in fp64, which decides (the same numbers and indices as all in
     fp64). Rounding is monotone, so every element at the fp64 max of |a-b| has the fp32 max; |a-b|/|a|
@@ -431,7 +443,7 @@ def _abs_rel_fp32(ca: np.ndarray, cb: np.ndarray, stats: ElementStats, start: in
     diff, rel = wide_a.view(np.float32)[:n], wide_b.view(np.float32)[:n]
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         top = diff.dtype.type(np.absolute(np.subtract(va, vb, out=diff), out=diff).max())
-        top_rel = float(np.fmax.reduce(np.divide(diff, np.absolute(va, out=rel), out=rel)))  # NaN: 0/0, equal
+        top_rel = float(np.fmax.reduce(np.divide(diff, mag_a.view(np.float32), out=rel)))  # NaN: 0/0, equal
     if not (np.isfinite(top) and np.isfinite(top_rel) and top_rel >= 2.0 ** -100):
         return False
 
@@ -505,7 +517,10 @@ def _chunk(ua: np.ndarray, ub: np.ndarray, span: _Span, layout: FloatLayout | No
     (gathered where few differ; in place, block by block, where many do)."""
     ca, cb = ua[span.start:span.stop], ub[span.start:span.stop]
     n = ca.size
-    few = _few_differing(ca, cb, work)
+    # a probe of the chunk's head: where most of it differs, the gathering scan would not pay
+    probe = min(n, _PROBE)
+    likely_dense = n >= 4 * probe and int(np.count_nonzero(ca[:probe] != cb[:probe])) * 4 > probe
+    few = None if likely_dense else _few_differing(ca, cb, work)
     if few is not None:
         return _block(ca, cb, None, few[0].size, span, layout, dtype, grid, work, *few)
     differ = np.not_equal(ca, cb, out=work.differ[:n])
@@ -522,8 +537,8 @@ def _chunk(ua: np.ndarray, ub: np.ndarray, span: _Span, layout: FloatLayout | No
     return total, parts
 
 
-def _compare(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...] | None,
-             threads: int | None) -> tuple[ElementStats, MismatchMap | None]:
+def _compare(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...] | None, threads: int | None,
+             checks: tuple[StreamCheck | None, ...] = ()) -> tuple[ElementStats, MismatchMap | None]:
     if a.dtype != b.dtype or a.size != b.size:
         raise ValueError("element_stats needs arrays of one dtype and size")
     if shape is not None and math.prod(shape) != a.size:
@@ -540,11 +555,16 @@ def _compare(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...] | None,
     length = max(span.stop - span.start for span in spans)
     local = threading.local()
 
+    feeding = [check for check in checks if check is not None]
+
     def chunk(span: _Span) -> tuple[ElementStats, list[_Part]]:
         work = getattr(local, "work", None)
         if work is None:
             work = local.work = _Workspace(length, ua.dtype.type, wide)
-        return _chunk(ua, ub, span, layout, a.dtype, grid, shape_grid, work)
+        found = _chunk(ua, ub, span, layout, a.dtype, grid, shape_grid, work)
+        for check in feeding:  # the digests of the bytes just read, while they are in cache
+            check.advance(span.stop)
+        return found
 
     threads = threads or os.cpu_count() or 1
     if len(spans) <= 1 or threads == 1:
@@ -573,9 +593,10 @@ def element_stats(a: np.ndarray, b: np.ndarray, threads: int | None = None) -> E
     return _compare(a, b, None, threads)[0]
 
 
-def element_stats_and_map(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...],
-                          threads: int | None = None) -> tuple[ElementStats, MismatchMap | None]:
+def element_stats_and_map(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], threads: int | None = None,
+                          checks: tuple[StreamCheck | None, ...] = ()) -> tuple[ElementStats, MismatchMap | None]:
     """element_stats, and where the elements differ with the arrays seen in `shape` (a grid of cells
     over its last two dimensions), from the same one pass over the data. The map is None when
-    nothing differs."""
-    return _compare(a, b, tuple(shape), threads)
+    nothing differs. `checks`: digest checks of `a`'s and `b`'s bytes (harness.digest.StreamCheck),
+    fed chunk by chunk by the same pass; their verdicts are read with `matches()` afterwards."""
+    return _compare(a, b, tuple(shape), threads, checks)

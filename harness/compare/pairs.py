@@ -19,7 +19,7 @@ import numpy as np
 from harness.compare.findings import Finding
 from harness.compare.heatmap import MismatchMap
 from harness.compare.metrics import ElementStats, element_stats_and_map
-from harness.digest import Digest
+from harness.digest import Digest, StreamCheck
 from harness.dtypes import FLOAT_DTYPES
 
 
@@ -145,21 +145,26 @@ class MismatchedPair(Pair):
         return findings + (self.flattened.compare() if self.flattened else [])
 
 
-def _values_pair(name: str, a: np.ndarray, b: np.ndarray, digests: tuple[Digest, Digest]) -> FloatPair | ExactPair:
-    stats, mismatches = element_stats_and_map(a, b, a.shape)  # one pass: stats and where they differ
+def _values_pair(name: str, a: np.ndarray, b: np.ndarray, digests: tuple[Digest, Digest],
+                 checks: tuple[StreamCheck | None, ...]) -> FloatPair | ExactPair:
+    # one pass: stats, where they differ, and the digest checks of both sides' bytes
+    stats, mismatches = element_stats_and_map(a, b, a.shape, checks=checks)
     kind = FloatPair if digests[0].dtype in FLOAT_DTYPES else ExactPair
     return kind(name, digests[0], digests[1], stats, mismatches)
 
 
 def originate(name: str, a: np.ndarray | None, b: np.ndarray | None,
-              digests: tuple[Digest | None, Digest | None] | None = None) -> Pair:
+              digests: tuple[Digest | None, Digest | None] | None = None,
+              checks: tuple[StreamCheck | None, StreamCheck | None] = (None, None)) -> Pair:
     """The Pair for two arrays. `digests`: the arrays' digests where already known (a dump records
-    them when written), to spare hashing the tensors again."""
+    them when written), to spare hashing the tensors again. `checks`: checks of the arrays' bytes
+    against those digests (harness.digest.StreamCheck), fed by the element scan where there is one
+    (the caller reads their verdicts; a check the scan did not feed hashes its bytes when asked)."""
     da, db = digests or (None if a is None else Digest.of(a), None if b is None else Digest.of(b))
     if a is None or b is None:
         return OneSidedPair(name, da, db)
     da, db = da or Digest.of(a), db or Digest.of(b)
     if a.dtype != b.dtype or a.shape != b.shape:
-        flattened = _values_pair(name, a, b, (da, db)) if a.dtype == b.dtype and a.size == b.size else None
+        flattened = _values_pair(name, a, b, (da, db), checks) if a.dtype == b.dtype and a.size == b.size else None
         return MismatchedPair(name, da, db, flattened)
-    return _values_pair(name, a, b, (da, db))
+    return _values_pair(name, a, b, (da, db), checks)

@@ -39,6 +39,26 @@ class FrameworkAdapter(ABC):
     def use_device(self, device: str) -> None:
         """Make `device` the one new tensors and ops use."""
 
+    def import_framework(self) -> None:
+        """Import the framework (a long-lived worker does it once, after `before_import`)."""
+
+    def set_mode(self, mode: str | None) -> None:
+        """Switch to the case's execution mode at runtime (a long-lived worker serves every mode)."""
+
+    def save_state(self) -> object:
+        """What a case may change in the framework (flags, RNG): recorded before each case."""
+        return None
+
+    def restore_state(self, state: object) -> None:
+        """Put back what `save_state` recorded and undo what a case leaves behind (process groups,
+        compile caches), so the next case in a reused worker starts as in a fresh one."""
+        self.reset()
+
+    def compile_stats(self) -> dict:
+        """Running totals of compilation inside ops ({"compile_s": seconds, cache hits and misses}); a
+        worker records their change over each op, so that op time and compile time can be told apart."""
+        return {}
+
     def reset(self) -> None:
         """Undo what one case may have changed (for a worker reused across cases)."""
 

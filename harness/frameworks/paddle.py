@@ -8,6 +8,23 @@ import numpy as np
 from harness.fingerprint import nvidia_smi
 from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
 
+# Paddle switches a case may flip (deterministic kernels, oneDNN): saved before each case in a long-lived
+# worker and put back after; a build that does not have one (CPU builds lack the cuDNN ones) skips it.
+_CASE_FLAGS = ("FLAGS_cudnn_deterministic", "FLAGS_embedding_deterministic", "FLAGS_use_mkldnn", "FLAGS_use_onednn",
+               "FLAGS_check_nan_inf")
+
+
+def _readable_flags() -> dict:
+    import paddle
+
+    flags = {}
+    for name in _CASE_FLAGS:
+        try:
+            flags |= paddle.get_flags([name])
+        except (ValueError, KeyError):
+            pass
+    return flags
+
 
 class PaddleAdapter(FrameworkAdapter):
     tensor_kind = "a paddle tensor"
@@ -26,6 +43,26 @@ class PaddleAdapter(FrameworkAdapter):
         if device == "cuda" and paddle.device.cuda.device_count() == 0:
             return "case asks for cuda but Paddle sees no GPU"
         return None
+
+    def import_framework(self) -> None:
+        import paddle  # noqa: F401
+
+    def save_state(self) -> dict:
+        import paddle
+
+        return {"rng": paddle.get_rng_state(), "default_dtype": paddle.get_default_dtype(),
+                "grad": paddle.is_grad_enabled(), "device": paddle.get_device(),
+                "flags": _readable_flags()}
+
+    def restore_state(self, state: dict) -> None:
+        import paddle
+
+        paddle.set_rng_state(state["rng"])
+        paddle.set_default_dtype(state["default_dtype"])
+        paddle.set_grad_enabled(state["grad"])
+        paddle.set_device(state["device"])
+        if state["flags"]:
+            paddle.set_flags(state["flags"])
 
     def use_device(self, device: str) -> None:
         import paddle

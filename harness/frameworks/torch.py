@@ -17,7 +17,10 @@ INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 
 
 class TorchAdapter(FrameworkAdapter):
-    modes = ("compile", "eager")  # torch.compile (Megatron's jit_fuser) or eager (TORCHDYNAMO_DISABLE)
+    # torch.compile (Megatron's jit_fuser) or eager: TORCHDYNAMO_DISABLE=1 in a one-job worker; a
+    # long-lived worker imports in compile mode and switches per case with torch.compiler.set_stance
+    # ("force_eager": every torch.compile'd function runs its plain Python body), the variable set too.
+    modes = ("compile", "eager")
     default_impl = "megatron"
     tensor_kind = "a torch tensor"
 
@@ -48,6 +51,74 @@ class TorchAdapter(FrameworkAdapter):
         if device == "cuda" and not torch.cuda.is_available():
             return "case asks for cuda but torch sees no GPU"
         return None
+
+    def import_framework(self) -> None:
+        import torch  # noqa: F401
+
+        try:
+            import megatron.core  # noqa: F401  (most built-in implementations need it)
+        except ImportError:
+            pass
+
+    def set_mode(self, mode: str | None) -> None:
+        import torch
+
+        if (mode or self.default_mode) == "eager":
+            os.environ["TORCHDYNAMO_DISABLE"] = "1"  # also recorded in the fingerprint, as in a one-job worker
+            torch.compiler.set_stance("force_eager")
+        else:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+            torch.compiler.set_stance("default")
+
+    def save_state(self) -> dict:
+        import torch
+
+        state = {
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "rng": torch.get_rng_state(),
+            "default_dtype": torch.get_default_dtype(),
+            "grad": torch.is_grad_enabled(),
+            "threads": torch.get_num_threads(),
+            "mkldnn": torch.backends.mkldnn.enabled,
+            "cudnn": (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+                      torch.backends.cudnn.allow_tf32),
+            "matmul": (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def restore_state(self, state: dict) -> None:
+        import torch
+
+        _destroy_process_groups()
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()  # compiled code, guards and recompile counts of this case
+        torch.compiler.set_stance("default")
+        torch.use_deterministic_algorithms(state["deterministic"], warn_only=state["warn_only"])
+        torch.set_rng_state(state["rng"])
+        if "cuda_rng" in state:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        torch.set_default_dtype(state["default_dtype"])
+        torch.set_grad_enabled(state["grad"])
+        torch.set_num_threads(state["threads"])
+        torch.backends.mkldnn.enabled = state["mkldnn"]
+        (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+         torch.backends.cudnn.allow_tf32) = state["cudnn"]
+        torch.backends.cuda.matmul.allow_tf32 = state["matmul"][0]
+        torch.set_float32_matmul_precision(state["matmul"][1])
+
+    def compile_stats(self) -> dict:
+        utils = sys.modules.get("torch._dynamo.utils")
+        if utils is None:
+            return {}
+        counters = utils.counters
+        return {"compile_s": sum(utils.compilation_time_metrics.get("_compile.compile_inner", [])),
+                "fx_cache_hits": counters["inductor"].get("fxgraph_cache_hit", 0),
+                "fx_cache_misses": counters["inductor"].get("fxgraph_cache_miss", 0),
+                "aot_cache_hits": counters["aot_autograd"].get("autograd_cache_hit", 0),
+                "aot_cache_misses": counters["aot_autograd"].get("autograd_cache_miss", 0)}
 
     def reset(self) -> None:
         import torch
@@ -170,6 +241,22 @@ class TorchAdapter(FrameworkAdapter):
                        "cudnn_deterministic": torch.backends.cudnn.deterministic,
                        "cudnn_benchmark": torch.backends.cudnn.benchmark}
         return fields
+
+
+def _destroy_process_groups() -> None:
+    """Megatron's parallel state and every torch.distributed group a case left behind."""
+    megatron_state = sys.modules.get("megatron.core.parallel_state")
+    if megatron_state is not None:
+        megatron_state.destroy_model_parallel()
+        random = sys.modules.get("megatron.core.tensor_parallel.random")
+        if random is not None and hasattr(random, "get_cuda_rng_tracker"):
+            try:
+                random.get_cuda_rng_tracker().reset()
+            except Exception:  # no tracker made on this path
+                pass
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
 
 
 def _build_info(pattern: str) -> str | None:

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from harness.case import FieldProblem
+from harness.case import USER_IMPL, FieldProblem
 from harness.ops.family import (
     Impl,
     Implementations,
@@ -61,10 +61,12 @@ def load_object(target: str, relative_to: str | Path = "") -> Any:
 @cache
 def _family(op: str, case_source: str) -> OpFamily:
     if ":" in op:
+        if not USER_IMPL.match(op):
+            raise FieldProblem(("op",), f"{op[:80]!r}: an op family is a name, package.module:Family or path/file.py:Family")
         try:
             cls = load_object(op, case_source)
-        except (ImportError, OSError, AttributeError) as error:
-            raise FieldProblem(("op",), f"cannot load op family {op!r}: {error}") from None
+        except Exception as error:  # the family's own module runs here: any error in it is the case's problem
+            raise FieldProblem(("op",), f"cannot load op family {op!r}: {type(error).__name__}: {error}") from None
     elif op in _entry_points():
         cls = _entry_points()[op].load()
     else:

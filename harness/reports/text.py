@@ -290,3 +290,9 @@ def missing_class_text(root, environment_class: str, present: list[str], case_fi
 def golden_written_text(case_name: str, what: str, folder) -> str:
     """The pytest plugin wrote a golden (missing, or rewritten by --xfalign-update): the item fails once."""
     return f"golden {case_name}: {what} in {folder}; this test fails once: run it again to check against it"
+
+
+def progress_line(done: int, total: int, case_name: str, elapsed_s: float) -> str:
+    """A run of several cases printed where the output is not a terminal: one line as each case's
+    result comes, before that result."""
+    return f"[{done}/{total}] {case_name} ({elapsed_s:.1f} s)"

@@ -1,10 +1,9 @@
 """Megatron side of the linear family: the real megatron.core.tensor_parallel.ColumnParallelLinear at
-TP=1, built inside a one-process torch.distributed group (gloo on CPU, nccl on GPU)."""
+TP=1, built inside a one-process torch.distributed group (gloo on CPU, nccl on GPU; in-process
+HashStore rendezvous)."""
 
 from __future__ import annotations
 
-import os
-import socket
 from contextlib import contextmanager
 
 import torch
@@ -15,18 +14,13 @@ from harness.ops.family import Implementations, NotAvailable, variant
 from harness.ops.linear import LinearFamily
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def model_parallel(device: str):
-    """A one-process torch.distributed group and TP=1/PP=1 model parallel state, torn down after."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    """A one-process torch.distributed group and TP=1/PP=1 model parallel state, torn down after. Its
+    rendezvous is an in-process HashStore: no port, no environment variable left behind (the worker that
+    runs it serves the next case too)."""
+    torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", store=torch.distributed.HashStore(),
+                                         rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
         yield
