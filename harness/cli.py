@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 from safetensors import SafetensorError
 
 from harness import __version__
@@ -33,11 +34,26 @@ from harness.inputs import DEFAULT_MAX_INPUT_GIB, check_input_size
 from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison, print_gate_result, print_side_dump
-from harness.reports.text import progress_line
+from harness.reports.text import (
+    crash_text,
+    error_line,
+    gate_summary_text,
+    golden_unreadable_text,
+    golden_update_text,
+    goldens_written_text,
+    internal_error_line,
+    interrupted_line,
+    progress_line,
+    running_text,
+    sweep_summary_text,
+    written_text,
+)
 from harness.runner import DEFAULT_SIDE_TIMEOUT_S, WorkerPool, class_of, current_pool, interrupt_handler, run_cases
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
 DEFAULT_HTML = Path("reports")
+NUMERICS_HELP = ("numerics profile for every case (configs/numerics/NAME.yaml or a path); default: the case's, "
+                 "else portable-avx2")
 TIMEOUT_HELP = (f"seconds each side may run, from its worker's start (default: the case's `timeout`, "
                 f"else {DEFAULT_SIDE_TIMEOUT_S}); a side past it is killed (exit 3)")
 
@@ -50,9 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run cases (both sides, or one with --side) and compare")
     run.add_argument("cases", nargs="+", type=Path, help="YAML case files")
     run.add_argument("--side", help="run only this side (needs --dump)")
-    run.add_argument("--dump", type=Path, help="write dumps here: DIR/<side> (DIR/<case>/<side> for several cases), or DIR itself with --side")
+    run.add_argument("--dump", type=Path,
+                     help="write dumps here: DIR/<side> (DIR/<case>/<side> for several cases), or DIR itself with --side")
     run.add_argument("--repeat", type=int, default=1, help="run each side N times; report digests that vary")
-    run.add_argument("--numerics", metavar="PROFILE", help="numerics profile for every case (configs/numerics/NAME.yaml or a path); default: the case's, else portable-avx2")
+    run.add_argument("--numerics", metavar="PROFILE", help=NUMERICS_HELP)
     run.add_argument("--json", type=Path, help="write the full comparison as JSON")
     run.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
@@ -64,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("cases", nargs="+", type=Path, help="YAML case files")
     gate.add_argument("--baseline", type=Path, required=True,
                       help="folder of goldens: DIR/<environment class>/ (or DIR itself when it holds goldens)")
-    gate.add_argument("--numerics", metavar="PROFILE", help="numerics profile for every case (configs/numerics/NAME.yaml or a path); default: the case's, else portable-avx2")
+    gate.add_argument("--numerics", metavar="PROFILE", help=NUMERICS_HELP)
     gate.add_argument("--update", action="store_true", help="(re)write goldens")
     gate.add_argument("--only-failing", action="store_true", help="with --update: only goldens that do not match")
     gate.add_argument("--repeat", type=int, default=1, help="run each side N times to detect nondeterminism")
@@ -205,9 +222,7 @@ def _print_sweep_summaries(cases, status: dict[str, str], console: Console) -> N
         ok = sum(status.get(name) == "pass" for name in names)
         unavailable = sum(status.get(name) == "n/a" for name in names)
         failing = [name for name in names if status.get(name) not in ("pass", "n/a")]
-        counts = f"{ok} pass" + (f", {unavailable} N/A" if unavailable else "")
-        tail = f"; not passing: {', '.join(failing)}" if failing else ""
-        console.print(f"sweep {sweep}: {len(names)} points, {counts}{tail}", highlight=False, markup=False)
+        console.print(sweep_summary_text(sweep, len(names), ok, unavailable, failing), highlight=False, markup=False)
 
 
 class CaseProgress:
@@ -224,7 +239,7 @@ class CaseProgress:
 
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=console, transient=True)
-            self.task = self.bar.add_task(f"running {escape(names[0])}", total=self.total)
+            self.task = self.bar.add_task(escape(running_text(names[0])), total=self.total)
 
     def __enter__(self):
         if self.bar is not None:
@@ -239,8 +254,8 @@ class CaseProgress:
         """Case `name` is done (cases come in order): count it, name the next."""
         self.done += 1
         if self.bar is not None:
-            following = self.names[self.done] if self.done < self.total else "done"
-            self.bar.update(self.task, advance=1, description=f"running {escape(following)}")
+            following = running_text(self.names[self.done]) if self.done < self.total else "done"
+            self.bar.update(self.task, advance=1, description=escape(following))
         elif self.total > 1:
             self.console.print(progress_line(self.done, self.total, name, time.monotonic() - self.started),
                                highlight=False, markup=False)
@@ -252,10 +267,10 @@ def _write_outputs(args, comparisons, console: Console) -> None:
     if args.json:
         with _writing(args.json, "the JSON report"):
             written = write_json(comparisons, args.json)
-        console.print(f"JSON: {written}", highlight=False, markup=False)
+        console.print(written_text("JSON", written), highlight=False, markup=False)
     with _writing(args.html, "the HTML report"):
         written = write_reports(comparisons, args.html)
-    console.print(f"HTML report: {written}", highlight=False, markup=False)
+    console.print(written_text("HTML report", written), highlight=False, markup=False)
 
 
 @contextmanager
@@ -279,7 +294,7 @@ def _run_each(cases, console: Console, crashed: list[str], args, dump_dirs=lambd
         for case, run in runs:
             progress.advance(case.name)
             if isinstance(run, SideCrashed):
-                progress.console.print(f"[bold red]CRASH[/] {escape(case.name)}: {escape(str(run))}", highlight=False)
+                progress.console.print(Text(crash_text(case.name, run), style="bold red"), highlight=False)
                 crashed.append(case.name)
                 continue
             yield run
@@ -333,7 +348,7 @@ def cmd_gate(args, console: Console) -> int:
             except DumpError as error:  # unreadable or corrupt: exit 2, or with --update rewritten
                 if not args.update:
                     raise
-                console.print(f"golden {run.case_name}: unreadable, rewriting it ({error})", highlight=False, markup=False)
+                console.print(golden_unreadable_text(run.case_name, error), highlight=False, markup=False)
                 golden = None
             result = check(run, golden)
             if args.update and (not args.only_failing or result.golden_problems):
@@ -341,7 +356,7 @@ def cmd_gate(args, console: Console) -> int:
                 with _writing(baseline, "the golden in"):
                     path = new.write(baseline, with_arrays=not args.digests_only)
                 written.append(run.case_name)
-                console.print(f"golden {run.case_name}: {describe_update(golden, new)} (wrote {path})",
+                console.print(golden_update_text(run.case_name, describe_update(golden, new), path),
                               highlight=False, markup=False)
                 result = check(run, Golden.read(baseline, run.case_name))
             print_gate_result(result, console)
@@ -350,12 +365,10 @@ def cmd_gate(args, console: Console) -> int:
                 failed.append(run.case_name)
     finally:
         if args.update:
-            names = f": {', '.join(written)}" if 0 < len(written) < len(cases) else ""
-            console.print(f"goldens written: {len(written)} of {len(cases)}{names}", highlight=False, markup=False)
+            console.print(goldens_written_text(written, len(cases)), highlight=False, markup=False)
     _print_sweep_summaries(cases, gate_status, console)
     _write_outputs(args, comparisons, console)
-    console.print(f"gate: {len(cases) - len(failed) - len(crashed)} passed, {len(failed)} failed"
-                  + (f", {len(crashed)} crashed" if crashed else ""))
+    console.print(gate_summary_text(len(cases) - len(failed) - len(crashed), len(failed), len(crashed)), markup=False)
     return EXIT_SIDE_CRASHED if crashed else EXIT_FAILED if failed else EXIT_OK
 
 
@@ -387,19 +400,16 @@ def main(argv: list[str] | None = None) -> int:
     except XfalignError as error:
         if args.debug:
             traceback.print_exc()
-        print(f"xfalign: error: {error}", file=sys.stderr)
+        print(error_line(error), file=sys.stderr)
         return error.exit_code
     except (Interrupted, KeyboardInterrupt) as error:
         interrupted = error if isinstance(error, Interrupted) else Interrupted(signal.SIGINT)
-        print(f"xfalign: interrupted by {interrupted.signal_name}", file=sys.stderr)
+        print(interrupted_line(interrupted.signal_name), file=sys.stderr)
         return interrupted.exit_code
     except Exception as error:  # a bug in xfalign, or in something it calls: still one line
         if args.debug:
             traceback.print_exc()
-            print(f"xfalign: internal error: {type(error).__name__}: {_first_line(error)}", file=sys.stderr)
-        else:
-            print(f"xfalign: internal error: {type(error).__name__}: {_first_line(error)} "
-                  f"(run with --debug for the traceback)", file=sys.stderr)
+        print(internal_error_line(type(error).__name__, _first_line(error), args.debug), file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:
         for signum, handler in previous.items():

@@ -99,8 +99,7 @@ class ElementStats:
 
 def _top_worst(items: list[WorstElement]) -> list[WorstElement]:
     # Class mismatches (ulp None) rank above any finite distance.
-    key = lambda w: (w.ulp is not None, -(w.ulp or 0), w.flat_index)
-    return sorted(items, key=key)[:WORST_K]
+    return sorted(items, key=lambda w: (w.ulp is not None, -(w.ulp or 0), w.flat_index))[:WORST_K]
 
 
 def _first_equal(values: np.ndarray, value, k: int) -> np.ndarray:

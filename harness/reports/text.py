@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 STATUS_LABELS = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A"}
 GATE_LABELS = {True: "GATE PASS", False: "GATE FAIL"}  # by whether the gate passed
-NOT_MEASURED = "-"
-NAN_INF = "NaN/Inf"  # a worst element's distance when it is a NaN/Inf class mismatch  # a number that does not apply (no stats, an exact dtype, only NaN/Inf mismatches)
+NOT_MEASURED = "-"  # a number that does not apply (no stats, an exact dtype, only NaN/Inf mismatches)
+NAN_INF = "NaN/Inf"  # a worst element's distance when it is a NaN/Inf class mismatch
 TABLE_COLUMNS = ("tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "differing", "NaN/Inf", "max ULP",
                  "max abs", "expect", "holds")
 HEATMAP_AXES = ("leading dims flattened", "last dim")  # where the op does not name its last two axes
@@ -296,3 +296,55 @@ def progress_line(done: int, total: int, case_name: str, elapsed_s: float) -> st
     """A run of several cases printed where the output is not a terminal: one line as each case's
     result comes, before that result."""
     return f"[{done}/{total}] {case_name} ({elapsed_s:.1f} s)"
+
+
+# -- the command line's own lines ---------------------------------------------------------------------------
+
+
+def running_text(case_name: str) -> str:
+    return f"running {case_name}"
+
+
+def sweep_summary_text(sweep: str, points: int, passed: int, unavailable: int, failing: list[str]) -> str:
+    """One line per sweep: `sweep linear: 3 points, 2 pass, 1 N/A; not passing: ...`."""
+    counts = f"{passed} pass" + (f", {unavailable} N/A" if unavailable else "")
+    tail = f"; not passing: {', '.join(failing)}" if failing else ""
+    return f"sweep {sweep}: {points} points, {counts}{tail}"
+
+
+def written_text(what: str, path) -> str:
+    """`JSON: path`, `HTML report: path`."""
+    return f"{what}: {path}"
+
+
+def crash_text(case_name: str, error) -> str:
+    return f"CRASH {case_name}: {error}"
+
+
+def golden_unreadable_text(case_name: str, error) -> str:
+    return f"golden {case_name}: unreadable, rewriting it ({error})"
+
+
+def golden_update_text(case_name: str, what: str, path) -> str:
+    return f"golden {case_name}: {what} (wrote {path})"
+
+
+def goldens_written_text(written: list[str], total: int) -> str:
+    names = f": {', '.join(written)}" if 0 < len(written) < total else ""
+    return f"goldens written: {len(written)} of {total}{names}"
+
+
+def gate_summary_text(passed: int, failed: int, crashed: int) -> str:
+    return f"gate: {passed} passed, {failed} failed" + (f", {crashed} crashed" if crashed else "")
+
+
+def error_line(error) -> str:
+    return f"xfalign: error: {error}"
+
+
+def interrupted_line(signal_name: str) -> str:
+    return f"xfalign: interrupted by {signal_name}"
+
+
+def internal_error_line(kind: str, first_line: str, debug: bool) -> str:
+    return f"xfalign: internal error: {kind}: {first_line}" + ("" if debug else " (run with --debug for the traceback)")

@@ -23,7 +23,6 @@ mscale, YaRN's attention factor), rotary_base and position_offset (the angles), 
 from __future__ import annotations
 
 import math
-
 from typing import ClassVar
 
 import numpy as np
