@@ -124,7 +124,8 @@ def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
 
 def _plan_dumps(cases, args) -> dict[str, dict[str, Path] | None]:
     """Every case's dump folders, decided (and refused if two cases share one) before anything runs."""
-    plan, owner = {}, {}
+    plan: dict[str, dict[str, Path] | None] = {}
+    owner: dict[Path, str] = {}  # dump folder -> the case dumped there
     for case in cases:
         plan[case.name] = _dump_dirs(case, args, len(cases) > 1)
         for folder in (plan[case.name] or {}).values():
@@ -137,7 +138,8 @@ def _plan_dumps(cases, args) -> dict[str, dict[str, Path] | None]:
 def _load_all(paths: list[Path], max_input_gib: float = DEFAULT_MAX_INPUT_GIB) -> list:
     """Every case (and sweep point) of every file, all validated before any runs; two cases with one name
     (their reports, dumps and goldens would overwrite each other) are refused."""
-    cases, seen = [], {}
+    cases = []
+    seen: dict[str, Path] = {}  # case name -> the file that defines it
     for path in paths:
         for case in load_cases(path):
             if case.name in seen:
@@ -307,10 +309,13 @@ def cmd_run(args, console: Console) -> int:
     _check_dumps(plan)
     if not args.side:  # one side: nothing compared, no report written
         _check_reports(args)
-    comparisons, crashed = [], []
+    comparisons = []
+    crashed: list[str] = []
     for run in _run_each(cases, console, crashed, args, lambda case: plan[case.name]):
         if run.comparison is None:
-            for side, path in plan[run.case.name].items():
+            dirs = plan[run.case.name]
+            assert dirs is not None  # nothing is compared only with --side, which needs --dump (_dump_dirs)
+            for side, path in dirs.items():
                 print_side_dump(run.case_name, side, run.dumps[side], path, console)
             continue
         print_comparison(run.comparison, console)
@@ -331,7 +336,8 @@ def cmd_gate(args, console: Console) -> int:
     _check_reports(args)
     if args.update:
         _check_output(args.baseline, "--baseline", "dir")
-    comparisons, crashed, failed, gate_status = [], [], [], {}
+    comparisons, failed, gate_status = [], [], {}
+    crashed: list[str] = []
     if not args.update:
         for case in cases:
             environment_class = class_of(case, args.numerics)

@@ -54,11 +54,11 @@ def _raw(array: np.ndarray) -> np.ndarray:
 
 
 def _md5(raw: np.ndarray) -> str:
-    return hashlib.md5(raw).hexdigest()
+    return hashlib.md5(raw.data).hexdigest()  # .data: the array's own buffer (1-D uint8), the same bytes
 
 
 def _xxh3(raw: np.ndarray) -> str:
-    return xxhash.xxh3_128(raw).hexdigest()
+    return xxhash.xxh3_128(raw.data).hexdigest()
 
 
 def _dtype_is(dtype: np.dtype, name: str) -> bool:
@@ -145,7 +145,7 @@ class StreamCheck:
                 if start >= end:
                     self._busy = False
                     return
-            self._hasher.update(self._raw[start:end])  # the GIL is released while hashing
+            self._hasher.update(self._raw.data[start:end])  # the GIL is released while hashing
             with self._state:
                 self._hashed = end
 

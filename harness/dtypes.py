@@ -17,7 +17,7 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 INTEGER_DTYPES = ("int32", "int64")
 
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UNSIGNED: dict[int, type[np.unsignedinteger]] = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
 
 

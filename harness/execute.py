@@ -27,6 +27,7 @@ def _user_function(case: Case, target: str) -> tuple:
     if where.endswith(".py"):
         path = user_function_file(case.source, where).resolve()
         spec = importlib.util.spec_from_file_location(f"xfalign_user_{path.stem}", path)
+        assert spec is not None and spec.loader is not None  # a .py path always gets a spec with a source loader
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         provenance = f"user function {path}:{function} (sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]})"
@@ -41,9 +42,11 @@ def _user_function(case: Case, target: str) -> tuple:
 def load_impl(case: Case, side: SideSpec, adapter: FrameworkAdapter) -> Impl:
     """The side's implementation: a built-in variant, or a user function (with its own backward, wrapped
     as one differentiable function of the framework)."""
+    impl = side.impl or adapter.default_impl
+    assert impl is not None  # case validation (OpFamily.validate) requires an impl where the adapter has no default
     if not side.is_user_function:
-        return framework_impls(case.op, side.framework, case.source)[side.impl or adapter.default_impl]
-    forward, provenance = _user_function(case, side.impl)
+        return framework_impls(case.op, side.framework, case.source)[impl]
+    forward, provenance = _user_function(case, impl)
     if side.backward is None:
         return Impl(forward, provenance)
     backward, backward_provenance = _user_function(case, side.backward)

@@ -272,10 +272,10 @@ class _Slot:
         if self.process is not None and self.process.exited():  # died while idle: not this case's fault
             self.process.stop()
             self.process = None
-        fresh = self.process is None
-        if fresh:
-            self.process = self._spawn()
         process = self.process
+        fresh = process is None
+        if process is None:
+            process = self.process = self._spawn()
         started = process.started if fresh else time.monotonic()
         sent = process.send(job.payload)
         while True:

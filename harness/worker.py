@@ -29,6 +29,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 from safetensors import SafetensorError
 
@@ -184,8 +185,10 @@ class _CaseState:
         os.chdir(self.cwd)
         os.environ.clear()
         os.environ.update(self.environ)
-        warnings.filters[:] = self.filters
-        warnings._filters_mutated()
+        # typeshed declares `filters` a read-only Sequence; it is the module's list, replaced in place as
+        # warnings.catch_warnings does
+        cast("list[Any]", warnings.filters)[:] = self.filters
+        warnings._filters_mutated()  # type: ignore[attr-defined]  # private, not in typeshed: invalidates the filters' caches
         random.setstate(self.python_random)
         _set_numpy_state(self.numpy_random)
         sys.path[:] = self.path
@@ -244,7 +247,7 @@ def serve_one(job: dict) -> dict:
         return {"error": f"{type(error).__name__}: {error}", "exit": 1, "timings": timings}
     try:
         written = run_job(job, timings)
-        record = {"dump": str(written)}
+        record: dict[str, object] = {"dump": str(written)}
     except DumpWriteFailed as error:
         record = {"output_error": str(error)}
     except Exception as error:

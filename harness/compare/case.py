@@ -147,4 +147,5 @@ def _settle(dumps: tuple[Dump, Dump], checks: tuple[dict[str, StreamCheck], dict
             list(pool.map(StreamCheck.matches, unfed))
     for dump, found in zip(dumps, checks):
         if found:
+            assert isinstance(dump.tensors, CheckedTensors)  # only a read dump's tensors make checks (_unchecked)
             dump.tensors.settle(found)

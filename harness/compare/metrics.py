@@ -242,6 +242,7 @@ def _sparse_part(where: np.ndarray, where_finite: np.ndarray | None, ulp: np.nda
     counts = np.bincount(cells, minlength=size)
     max_ulp = np.zeros(size, dtype=np.uint64)  # fp64 distances reach 2**64 - 2
     if ulp is not None and ulp.size:
+        assert where_finite is not None  # ULPs come with the positions of the finite elements they are of
         finite_cells = cells if where_finite is where else _cells(where_finite, span, grid)
         np.maximum.at(max_ulp, finite_cells, ulp.astype(np.uint64))
     shape = (span.cell_rows, span.cell_cols)
@@ -472,19 +473,25 @@ def _block(ca: np.ndarray, cb: np.ndarray, differ: np.ndarray | None, count: int
     if count == 0:
         stats.ulp_histogram["0"] = n
         return stats, []
-    dense = differ is not None and count * DENSE_FRACTION > n
+    dense = differ if differ is not None and count * DENSE_FRACTION > n else None  # the mask, where many differ
+
+    def positions() -> np.ndarray:
+        if where is not None:
+            return where
+        assert differ is not None  # the caller gives the mask or the positions
+        return np.flatnonzero(differ)
+
     if layout is None:  # integers and bools: equality only
         stats.ulp_histogram["0"] = n - count
         if grid is None:
             return stats, []
-        return stats, [_dense_part(differ, None, span, grid) if dense
-                       else _sparse_part(np.flatnonzero(differ) if where is None else where, None, None, span, grid)]
-    if dense and n <= work.block:
-        done = _float_dense(ca, cb, differ, stats, span, layout, dtype, grid, work)
+        return stats, [_dense_part(dense, None, span, grid) if dense is not None
+                       else _sparse_part(positions(), None, None, span, grid)]
+    if dense is not None and n <= work.block:
+        done = _float_dense(ca, cb, dense, stats, span, layout, dtype, grid, work)
         if done is not None:
             return stats, [part for part in done if part is not None]
-    part = _float_sparse(ca, cb, np.flatnonzero(differ) if where is None else where, stats, span, layout, dtype, grid,
-                         gathered)
+    part = _float_sparse(ca, cb, positions(), stats, span, layout, dtype, grid, gathered)
     return stats, [] if part is None else [part]
 
 

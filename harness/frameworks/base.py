@@ -45,11 +45,13 @@ class FrameworkAdapter(ABC):
     def set_mode(self, mode: str | None) -> None:
         """Switch to the case's execution mode at runtime (a long-lived worker serves every mode)."""
 
-    def save_state(self) -> object:
+    # The state is opaque to the harness (it only hands `save_state`'s result back to `restore_state`),
+    # so each adapter picks its own type: Any, which an override may narrow.
+    def save_state(self) -> Any:
         """What a case may change in the framework (flags, RNG): recorded before each case."""
         return None
 
-    def restore_state(self, state: object) -> None:
+    def restore_state(self, state: Any) -> None:
         """Put back what `save_state` recorded and undo what a case leaves behind (process groups,
         compile caches), so the next case in a reused worker starts as in a fresh one."""
         self.reset()

@@ -17,7 +17,7 @@ _CASE_FLAGS = ("FLAGS_cudnn_deterministic", "FLAGS_embedding_deterministic", "FL
 def _readable_flags() -> dict:
     import paddle
 
-    flags = {}
+    flags: dict[str, object] = {}
     for name in _CASE_FLAGS:
         try:
             flags |= paddle.get_flags([name])

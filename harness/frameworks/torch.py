@@ -231,7 +231,7 @@ class TorchAdapter(FrameworkAdapter):
     def runtime_fingerprint(self, device: str) -> dict:
         import torch
 
-        fields = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
+        fields: dict[str, bool | str] = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
         if device == "cuda":
             matmul = torch.backends.cuda.matmul
             fields |= {"allow_tf32_matmul": matmul.allow_tf32, "allow_tf32_cudnn": torch.backends.cudnn.allow_tf32,
