@@ -27,6 +27,7 @@ GOLDEN_SUFFIXES = (".golden.yaml", ".golden.yml")
 _TOP_LEVEL_KEY = re.compile(r"^(op|sides|inputs)\s*:", re.MULTILINE)
 _SNIFF_BYTES = 1 << 20
 _CONFIGURED = pytest.StashKey[set]()
+_POOL = pytest.StashKey[object]()
 
 
 class CaseFailed(Exception):
@@ -115,6 +116,19 @@ def pytest_collect_file(file_path: Path, parent):
     return None
 
 
+def _session_pool(config):
+    """One set of long-lived workers for the whole pytest session (each framework imported once), made
+    when the first case runs and closed when pytest ends; a default pool already active is used as is."""
+    from harness.runner import WorkerPool, current_pool
+
+    if current_pool() is not None:
+        return current_pool()
+    if _POOL not in config.stash:
+        config.stash[_POOL] = pool = WorkerPool(jobs=1)  # pytest runs items one at a time
+        config.add_cleanup(pool.close)
+    return config.stash[_POOL]
+
+
 class CaseFile(pytest.File):
     def collect(self):
         from harness.case import CaseError, load_cases
@@ -164,7 +178,7 @@ class CaseItem(pytest.Item):
         if any(self.case.device_of(side) == "cuda" for side in self.case.sides) and not Path("/dev/nvidia0").exists():
             pytest.skip("a side of this case runs on cuda and this machine has no NVIDIA GPU")
         try:
-            run = run_case(self.case, repeat=config.getoption("xfalign_repeat"),
+            run = run_case(self.case, pool=_session_pool(config), repeat=config.getoption("xfalign_repeat"),
                            numerics=config.getoption("xfalign_numerics"))
         except SideCrashed as error:
             raise CaseFailed(f"side crashed: {error}") from None
