@@ -1,7 +1,12 @@
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
+
+# Hypothesis keeps its example database (and patches of failing examples) in a temporary folder, not the checkout.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "xfalign-hypothesis")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +29,17 @@ expect:
 # A size where sums differ between frameworks (grad.probs sums 256 terms).
 CASE = SMALL_WEIGHTED.replace("[16, 64]", "[64, 512]").replace("[16, 1]", "[64, 1]").replace("[16, 32]", "[64, 256]")
 REPORT_ONLY = CASE.replace("all: bitwise", "all: report")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def workers():
+    """One pool of long-lived workers (one per framework and numerics profile) for the whole session: every
+    in-process `run_case()` and `main(["run" | "gate", ...])` uses it, so each framework is imported once.
+    Tests that need a worker of their own (a fresh process in a given folder) pass `pool=` explicitly."""
+    from harness.runner import WorkerPool
+
+    with WorkerPool() as pool, pool.as_default():
+        yield pool
 
 
 @pytest.fixture(autouse=True)

@@ -25,10 +25,10 @@ from harness.case import CaseError, InputSpec, load_case, load_cases
 from harness.cli import main
 from harness.compare.case import compare_dumps
 from harness.dtypes import to_numpy_dtype
-from harness.inputs import check_input_size, generate_input, generate_inputs
-from harness.reports.html import report_file_names, write_reports
 from harness.execute import UserFunctionError, execute
 from harness.frameworks import adapter_for
+from harness.inputs import check_input_size, generate_input, generate_inputs
+from harness.reports.html import report_file_names, write_reports
 
 from conftest import ROOT, SMALL_WEIGHTED
 from report_fixtures import known_diff_dumps
@@ -422,6 +422,7 @@ def run_paddle(case):
     return execute(case, case.sides["paddle"], generate_inputs(case), adapter_for("paddle"), "cpu")
 
 
+@pytest.mark.xdist_group("in_process_frameworks")  # runs Paddle in this process
 @pytest.mark.parametrize("returned, words", [
     ("x.numpy()", "returned ndarray; expected a paddle tensor (out) or a dict with 'out'"),
     ("1.5", "returned float; expected a paddle tensor (out) or a dict with 'out'"),
@@ -441,6 +442,7 @@ def test_user_function_returning_the_wrong_thing_says_what_was_expected(write_ca
                                                                      ", so that gradients can be taken through it")
 
 
+@pytest.mark.xdist_group("in_process_frameworks")  # runs Paddle in this process
 def test_user_function_returning_a_tensor_or_a_dict_is_captured(write_case, tmp_path):
     (tmp_path / "f.py").write_text("def swiglu(x, bias, probs, options):\n    return x\n"
                                    "def as_dict(x, bias, probs, options):\n    return {'out': x}\n")
@@ -451,11 +453,14 @@ def test_user_function_returning_a_tensor_or_a_dict_is_captured(write_case, tmp_
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU")
 def test_cuda_without_gpu_is_not_available_not_a_crash(write_case, capsys):
-    path = write_case(SMALL_WEIGHTED.replace("seed: 3", "seed: 3\ndevice: cuda"))
+    """Both sides Paddle (test_end_to_end has the torch side's N/A): one cheap worker on cuda."""
+    text = SMALL_WEIGHTED.replace("  megatron: {framework: megatron, mode: compile}\n",
+                                  "  per_op: {framework: paddle, impl: per_op_rounding}\n")
+    path = write_case(text.replace("seed: 3", "seed: 3\ndevice: cuda"))
     assert main(["run", str(path)]) == 0
     out, err = capsys.readouterr()
     assert "N/A" in out and "Traceback" not in out + err
-    assert "torch sees no GPU" in out or "Paddle on cuda is not available here" in out, out
+    assert "Paddle on cuda is not available here" in out or "Paddle sees no GPU" in out, out
 
 
 # --- 3. the pytest plugin -------------------------------------------------------------------------
@@ -464,11 +469,11 @@ def test_broken_case_file_is_one_failed_item_and_others_are_collected(pytester):
     pytester.makefile(".yaml", good=SMALL_WEIGHTED, broken=SMALL_WEIGHTED.replace("seed: 3", "seed: 3\nseed: 4"),
                       unparsable=SMALL_WEIGHTED.replace("[16, 64]", "[16, 64"), unrelated="just: a yaml file\n")
     (pytester.path / "latin1.yaml").write_bytes(b"# caf\xe9\n" + SMALL_WEIGHTED.encode())
-    collected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q").stdout.str()
+    collected = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only", "-q").stdout.str()
     assert "good.yaml::good" in collected and "unrelated" not in collected
     for name in ("broken", "unparsable", "latin1"):
         assert f"{name}.yaml::{name}.yaml" in collected
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "broken.yaml", "unparsable.yaml", "latin1.yaml")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "broken.yaml", "unparsable.yaml", "latin1.yaml")
     result.assert_outcomes(failed=3)
     text = result.stdout.str()
     assert "broken.yaml:4: seed: duplicate key 'seed' (first at line 3)" in text
@@ -486,12 +491,12 @@ def test_only_configured_case_paths_are_collected_by_a_plain_pytest(pytester):
     (pytester.path / "cases" / "listed.yaml").write_text(SMALL_WEIGHTED)
     (pytester.path / "other").mkdir()
     (pytester.path / "other" / "named.yaml").write_text(SMALL_WEIGHTED)
-    plain = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q").stdout.str()
+    plain = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only", "-q").stdout.str()
     assert "cases/listed.yaml::listed" in plain and "test_x.py::test_x" in plain
     assert "fixture_case" not in plain and "named" not in plain
-    explicit = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "other").stdout.str()
+    explicit = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only", "-q", "other").stdout.str()
     assert "other/named.yaml::named" in explicit and "listed" not in explicit
-    one_file = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q",
+    one_file = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only", "-q",
                                              "tests/fixture_case.yaml").stdout.str()
     assert "tests/fixture_case.yaml::fixture_case" in one_file
 

@@ -10,7 +10,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from report_fixtures import dumps_of, known_diff_dumps
 from rich.console import Console
 
 import harness
@@ -29,6 +28,8 @@ from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison
 from harness.reports.text import finding_text, findings_lines
+
+from report_fixtures import dumps_of, known_diff_dumps
 
 HARNESS = Path(harness.__file__).resolve().parent
 
@@ -125,9 +126,9 @@ def test_bad_expectations_are_refused(value, words):
 
 
 def test_bad_expectation_in_a_case_file_is_one_line_naming_file_line_field(write_case):
-    from conftest import CASE
-
     from harness.case import CaseError, load_cases
+
+    from conftest import CASE
 
     path = write_case(CASE.replace("all: bitwise", "all: bitwise\n  tensors: {out: {max_abs: -1}}"))
     with pytest.raises(CaseError) as info:

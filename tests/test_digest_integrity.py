@@ -8,14 +8,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.compare import metrics
 from harness.cli import main
+from harness.compare import metrics
 from harness.compare.case import compare_dumps
+from harness.compare.heatmap import Grid
+from harness.compare.metrics import element_stats_and_map, ulp_distance
 from harness.digest import Digest, StreamCheck, digests_of, verify
 from harness.dump import META_FILE, TENSORS_FILE, Dump, DumpError, IntegrityError
 from harness.gate import Golden
-from harness.compare.heatmap import Grid
-from harness.compare.metrics import element_stats_and_map, ulp_distance
 
 from report_fixtures import known_diff_dumps
 

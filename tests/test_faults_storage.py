@@ -1,8 +1,9 @@
 """Faults in storage, for real: a writer process killed (SIGTERM, SIGINT, SIGKILL) at each critical point of
 writing a dump or a golden, two processes updating one golden, a read-only folder, a full disk (a tiny
 tmpfs), the umask's permissions, folders xfalign did not write, corrupt goldens repaired by --update, an
-interrupted multi-case update. No framework is needed for the writers (numpy arrays); the CLI tests run
-two cheap Paddle sides."""
+interrupted multi-case update. No framework is needed for the writers (numpy arrays, storage_writers.py); the
+CLI tests run two cheap Paddle sides, in this process on the session's workers (the interrupted update in a
+process of its own, to signal it)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,24 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from storage_writers import CASE_ID, make_dump, make_golden
 
-from conftest import ROOT, SMALL_WEIGHTED
 from harness import atomic
-from harness.digest import Digest, digests_of
+from harness.cli import main
+from harness.digest import digests_of
 from harness.dump import Dump, DumpTargetError, check_dump_target
 from harness.errors import OutputError
 from harness.gate import Golden, GoldenError, GoldenMismatch
 
+from conftest import ROOT, SMALL_WEIGHTED
+
 TESTS = Path(__file__).resolve().parent
-CASE_ID = "sweep[x=1,y=fp32]"  # a sweep point's id: '[', ',', '=' are not in its golden's file names
 STEM = "sweep_x_1_y_fp32_"
 
 SIDES = "  megatron: {framework: megatron, mode: compile}\n  paddle: {framework: paddle, impl: fp32_island}\n"
@@ -34,28 +38,6 @@ TINY = (SMALL_WEIGHTED.replace(SIDES, "  ref: {framework: paddle, impl: fp32_isl
         .replace("all: bitwise", "all: report")
         .replace("[16, 64]", "[2, 64]").replace("[16, 1]", "[2, 1]").replace("[16, 32]", "[2, 32]"))
 assert "ref:" in TINY and "[2, 64]" in TINY
-
-
-# --- what the writers write: a dump and a golden made of seeded numpy arrays ----------------------------
-
-def make_dump(seed: int, side: str = "paddle", elements: int = 256) -> Dump:
-    rng = np.random.default_rng(seed)
-    tensors = {"out": rng.standard_normal(elements).astype(np.float32),
-               "grad.x": rng.standard_normal((2, elements)).astype(np.float16)}
-    meta = {"xfalign": "0.1.0", "case": {"op": "swiglu"}, "case_name": "c", "side": side, "framework": "paddle",
-            "impl": "fp32_island", "mode": None, "axes": {}, "notes": {}, "provenance": "-",
-            "environment": {"seed": seed},
-            "inputs": {"x": Digest.of(np.zeros(4, np.float32)).to_json()}, "repeats": {}}
-    return Dump(meta, tensors)
-
-
-def make_golden(seed: int, case: str = CASE_ID, elements: int = 256, with_values: bool = True) -> Golden:
-    rng = np.random.default_rng(seed)
-    arrays = {"megatron/out": rng.standard_normal(elements).astype(np.float32),
-              "paddle/out": rng.standard_normal(elements).astype(np.float32)}
-    tensors = {side: digests_of({"out": arrays[f"{side}/out"]}) for side in ("megatron", "paddle")}
-    return Golden(case, {"x": Digest.of(np.zeros(4, np.float32))}, {"megatron": {"seed": seed}, "paddle": {}},
-                  tensors, arrays if with_values else None)
 
 
 def dump_seed(directory: Path) -> int:
@@ -77,13 +59,13 @@ def golden_seed(directory: Path, case: str = CASE_ID) -> int:
     return seed
 
 
-WRITER = """
+WRITER = f"""
 import sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {str(TESTS)!r})
 from pathlib import Path
 import harness.atomic
 from harness.gate import Golden
-from test_faults_storage import make_dump, make_golden
+from storage_writers import make_dump, make_golden
 kind, path, seed, elements = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 if "no-exchange" in sys.argv[5:]:
     harness.atomic.exchange = lambda a, b: False
@@ -96,13 +78,13 @@ else:  # "golden-loop": update one golden 100 times, reading it back each time; 
     for i in range(100):
         try:
             make_golden(seed * 1000 + i, elements=elements).write(path)
-            golden = Golden.read(path, {case!r})
+            golden = Golden.read(path, {CASE_ID!r})
             assert golden is not None and golden.arrays is not None
         except Exception as error:
             failures += 1
             print(type(error).__name__, error, file=sys.stderr)
     print("failures", failures)
-""".format(tests=str(TESTS), case=CASE_ID)
+"""
 
 
 def start_writer(tmp_path: Path, *args, pause: str | None = None) -> tuple[subprocess.Popen, Path]:
@@ -236,9 +218,12 @@ def test_dump_target_rules_touch_nothing(tmp_path):
     assert dump_seed(tmp_path / "empty") == 5
 
 
-def xfalign(cwd: Path, *args, **popen) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)), **popen)
+def cli(capsys, *args) -> subprocess.CompletedProcess:
+    """The real CLI, in this process (on the session's workers; the working directory is the test's)."""
+    capsys.readouterr()
+    code = main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["xfalign", *map(str, args)], code, out, err)
 
 
 def one_error_line(done: subprocess.CompletedProcess) -> str:
@@ -248,20 +233,20 @@ def one_error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_side_never_replaces_a_folder_of_both_sides(tmp_path):
+def test_side_never_replaces_a_folder_of_both_sides(tmp_path, capsys):
     (tmp_path / "case.yaml").write_text(TINY)
-    assert xfalign(tmp_path, "run", "case.yaml", "--dump", "d", "--html", "h").returncode == 0
+    assert cli(capsys, "run", "case.yaml", "--dump", "d", "--html", "h").returncode == 0
     before = tree(tmp_path / "d")
     assert set(p.name for p in (tmp_path / "d").iterdir()) == {"ref", "per_op"}
-    done = xfalign(tmp_path, "run", "case.yaml", "--side", "per_op", "--dump", "d")
+    done = cli(capsys, "run", "case.yaml", "--side", "per_op", "--dump", "d")
     assert done.returncode == 2
     assert one_error_line(done) == ("xfalign: error: --dump d: holds the xfalign dumps per_op, ref; refusing to "
                                     "replace them (give --dump d/per_op to write this side beside them)")
     assert tree(tmp_path / "d") == before
-    done = xfalign(tmp_path, "run", "case.yaml", "--side", "ref", "--dump", "d/per_op")  # another side's dump
+    done = cli(capsys, "run", "case.yaml", "--side", "ref", "--dump", "d/per_op")  # another side's dump
     assert done.returncode == 2 and "holds the dump of side 'per_op', not 'ref'" in one_error_line(done)
     assert tree(tmp_path / "d") == before
-    assert xfalign(tmp_path, "run", "case.yaml", "--side", "per_op", "--dump", "d/per_op").returncode == 0
+    assert cli(capsys, "run", "case.yaml", "--side", "per_op", "--dump", "d/per_op").returncode == 0
     assert Dump.read(tmp_path / "d" / "per_op").side == "per_op" and Dump.read(tmp_path / "d" / "ref").side == "ref"
     assert [p.name for p in (tmp_path / "d").iterdir() if p.name.startswith(".")] == []
 
@@ -427,12 +412,12 @@ def test_full_disk_keeps_the_previous_dump_and_golden(tiny_disk):
     assert dump_seed(tiny_disk / "d") == 1 and golden_seed(tiny_disk / "baseline") == 1
 
 
-def test_full_disk_through_the_cli_is_exit_2_naming_the_dump(tiny_disk, tmp_path):
+def test_full_disk_through_the_cli_is_exit_2_naming_the_dump(tiny_disk, tmp_path, capsys):
     (tmp_path / "case.yaml").write_text(TINY)
     dump = make_dump(1, side="ref")
     dump.write(tiny_disk / "d")
     fill(tiny_disk)
-    done = xfalign(tmp_path, "run", "case.yaml", "--side", "ref", "--dump", tiny_disk / "d")
+    done = cli(capsys, "run", "case.yaml", "--side", "ref", "--dump", tiny_disk / "d")
     assert done.returncode == 2, (done.stdout, done.stderr)
     line = one_error_line(done)
     assert line.startswith(f"xfalign: error: cannot write the dump {tiny_disk / 'd'}: ") and "No space left on device" in line
@@ -461,20 +446,20 @@ def test_permissions_follow_the_umask(tmp_path, mask, file_mode, dir_mode):
 
 # --- gate --update: repairs a corrupt golden; an interrupted multi-case update says what it wrote ----------
 
-def test_gate_update_repairs_a_corrupt_golden(tmp_path):
+def test_gate_update_repairs_a_corrupt_golden(tmp_path, capsys):
     (tmp_path / "case.yaml").write_text(TINY)
-    assert xfalign(tmp_path, "gate", "case.yaml", "--baseline", "b", "--update", "--html", "h").returncode == 0
+    assert cli(capsys, "gate", "case.yaml", "--baseline", "b", "--update", "--html", "h").returncode == 0
     text_path, values = Golden.paths(tmp_path / "b" / "cpu-avx2", "case")
     text_path.write_text("sides: [unclosed\n")
-    done = xfalign(tmp_path, "gate", "case.yaml", "--baseline", "b", "--html", "h")
+    done = cli(capsys, "gate", "case.yaml", "--baseline", "b", "--html", "h")
     assert done.returncode == 2
-    assert one_error_line(done).startswith(f"xfalign: error: b/cpu-avx2/case.golden.yaml: not a readable golden (")
-    done = xfalign(tmp_path, "gate", "case.yaml", "--baseline", "b", "--update", "--html", "h")
+    assert one_error_line(done).startswith("xfalign: error: b/cpu-avx2/case.golden.yaml: not a readable golden (")
+    done = cli(capsys, "gate", "case.yaml", "--baseline", "b", "--update", "--html", "h")
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert "golden case: unreadable, rewriting it (b/cpu-avx2/case.golden.yaml: not a readable golden" in done.stdout
     assert "golden case: created (wrote b/cpu-avx2/case.golden.yaml)" in done.stdout
     assert "goldens written: 1 of 1" in done.stdout
-    assert xfalign(tmp_path, "gate", "case.yaml", "--baseline", "b", "--html", "h").returncode == 0
+    assert cli(capsys, "gate", "case.yaml", "--baseline", "b", "--html", "h").returncode == 0
 
 
 def test_interrupted_multi_case_update_says_which_goldens_it_wrote(tmp_path):
@@ -484,13 +469,27 @@ def test_interrupted_multi_case_update_says_which_goldens_it_wrote(tmp_path):
                                    "    Path(__file__).with_name('sleeping').write_text('')\n"
                                    "    time.sleep(1000)\n")
     (tmp_path / "b.yaml").write_text(TINY.replace("impl: per_op_rounding", "impl: 'f.py:swiglu'"))
+    # -j 1: b starts when a is done; unbuffered output: its lines are read as they are printed
     process = subprocess.Popen([sys.executable, "-m", "harness.cli", "gate", "a.yaml", "b.yaml", "--baseline", "base",
-                                "--update"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                                "--update", "-j", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1"))
+    lines, a_written = [], threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("golden a: created"):
+                a_written.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        wait_for(process, tmp_path / "sleeping", within=120)
+        wait_for(process, tmp_path / "sleeping", within=120)  # b is inside its user function
+        assert a_written.wait(120), "".join(lines)  # and the parent has written and said a's golden
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        process.wait(timeout=60)
+        reader.join(timeout=30)
+        out, err = "".join(lines), process.stderr.read()
     finally:
         if process.poll() is None:
             process.kill()

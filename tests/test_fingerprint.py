@@ -78,13 +78,20 @@ def test_deterministic_setting_is_recorded_as_it_was_while_the_op_ran(write_case
     assert "index_add_" in run.dumps["megatron"].meta["provenance"]
 
 
-def test_profile_per_run_and_per_case(write_case, tmp_path):
+UNPINNED = {"megatron": ("torch_mkldnn_enabled", True), "paddle": ("paddle_threads", "default")}
+
+
+# One side per run: a new profile means new workers (the profile's environment is read at import). Paddle starts in
+# about a second; torch takes several (slow set).
+@pytest.mark.parametrize("side", [pytest.param("megatron", marks=pytest.mark.slow), "paddle"])
+def test_profile_per_run_and_per_case(write_case, tmp_path, side):
     path = write_case(SMALL_REPORT)
-    dumps = tmp_path / "dumps"
-    assert main(["run", str(path), "--numerics", "native", "--dump", str(dumps), "--html", str(tmp_path / "h")]) == 0
-    native = json.loads((dumps / "megatron" / "meta.json").read_text())["environment"]
+    dump = tmp_path / side
+    assert main(["run", str(path), "--numerics", "native", "--side", side, "--dump", str(dump)]) == 0
+    native = json.loads((dump / "meta.json").read_text())["environment"]
     assert native["numerics_profile"] == "native" and native["environment_class"].startswith("cpu-native-")
-    assert "env.MKL_CBWR" not in native and native["torch_mkldnn_enabled"] is True
+    field, value = UNPINNED[side]  # what the default profile pins, left to the library
+    assert "env.MKL_CBWR" not in native and native[field] == value
     per_case = load_case(write_case(SMALL_REPORT.replace("seed: 3", "seed: 3\nnumerics: native"), "native.yaml"))
     assert per_case.numerics == "native"
 

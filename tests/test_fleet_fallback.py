@@ -6,21 +6,33 @@ there is no CPU bf16 kernel) and the variant run; everything else (each bf16 rou
 arithmetic, the masks, the sum, the shapes) is numpy.
 """
 
+import importlib
+
 import ml_dtypes
 import numpy as np
-import paddle
-import paddle.nn.functional as F
 import pytest
 
-from harness.ops.swiglu import paddle as swiglu_paddle
-from harness.ops.swiglu.paddle import SwigluPaddle, fleet_cpu_fallback
+# Paddle is imported when the first test here runs, not when pytest collects the module: a test process
+# (pytest-xdist) that runs none of these tests never imports it. The group keeps the in-process framework tests
+# in one test process.
+pytestmark = pytest.mark.xdist_group("in_process_frameworks")
+paddle = F = swiglu_paddle = SwigluPaddle = fleet_cpu_fallback = None
 
 BF16, F32 = ml_dtypes.bfloat16, np.float32
 L = 2.0
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _paddle():
+    global paddle, F, swiglu_paddle, SwigluPaddle, fleet_cpu_fallback
+    paddle = importlib.import_module("paddle")
+    F = importlib.import_module("paddle.nn.functional")
+    swiglu_paddle = importlib.import_module("harness.ops.swiglu.paddle")
+    SwigluPaddle, fleet_cpu_fallback = swiglu_paddle.SwigluPaddle, swiglu_paddle.fleet_cpu_fallback
+
+
 @pytest.fixture(autouse=True)
-def _cpu():
+def _cpu(_paddle):
     paddle.set_device("cpu")
 
 

@@ -6,10 +6,15 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import SMALL_WEIGHTED
 
 from harness.case import CaseError, load_case
 from harness.frameworks import adapter_for, known_frameworks
+
+from conftest import SMALL_WEIGHTED
+
+# The adapters import their framework into this process: with the other in-process framework tests, in one
+# pytest-xdist process.
+pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 
 
 def special_values(dtype) -> np.ndarray:

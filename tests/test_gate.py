@@ -4,7 +4,6 @@ import re
 
 import numpy as np
 import pytest
-from conftest import REPORT_ONLY
 
 from harness.case import load_case
 from harness.cli import main
@@ -14,6 +13,8 @@ from harness.digest import Digest
 from harness.gate import FORMAT, Golden, check
 from harness.reports.text import finding_text
 from harness.runner import run_case
+
+from conftest import REPORT_ONLY
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +158,9 @@ def test_nondeterminism_is_reported_per_side_not_blamed_on_the_other(write_case,
 
 
 def test_golden_names_its_format_and_older_goldens_still_read(tmp_path):
-    from conftest import ROOT
-
     from harness.gate import GoldenError
+
+    from conftest import ROOT
 
     older = ROOT / "baselines" / "cpu-avx2"
     text = (older / "linear_rows_7_.golden.yaml").read_text()

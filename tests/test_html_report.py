@@ -11,7 +11,6 @@ from selenium.webdriver.common.by import By
 from harness.compare.case import compare_dumps
 from harness.reports.html import write_reports
 
-from conftest import ROOT
 from report_fixtures import known_diff_dumps
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -47,7 +46,7 @@ def test_report_is_self_contained(report):
     assert "http://" not in html and "https://" not in html and "<link" not in html and "src=" not in html
 
 
-def test_report_in_browser(browser, report):
+def test_report_in_browser(browser, report, tmp_path):
     browser.get(report.as_uri())
     assert browser.find_element(By.ID, "verdict").text == "FAIL"
     assert browser.find_element(By.ID, "first-divergent").text == "out"
@@ -75,9 +74,9 @@ def test_report_in_browser(browser, report):
     differing.click()
     assert visible_names(browser) == ["grad.probs", "out", "grad.x"]
 
-    screenshots = ROOT / "reports" / "screenshots"
-    screenshots.mkdir(parents=True, exist_ok=True)
-    assert browser.save_screenshot(str(screenshots / "known_diff.png"))
+    screenshot = tmp_path / "known_diff.png"
+    assert browser.save_screenshot(str(screenshot))
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_several_cases_get_an_index(tmp_path):

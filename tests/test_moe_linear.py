@@ -5,8 +5,8 @@ import json
 import pytest
 
 from harness.case import CaseError, load_cases
-from harness.compare.expectations import Bitwise, MaxUlp, Report
 from harness.cli import main
+from harness.compare.expectations import Bitwise, MaxUlp, Report
 
 MOE = """\
 op: moe_combine

@@ -1,11 +1,14 @@
-"""`pytest cases/` collects YAML cases as test items (the plugin is registered by entry point)."""
+"""`pytest cases/` collects YAML cases as test items (the plugin is registered by entry point).
+
+The inner pytest runs in this process (a real pytest session that loads the plugin by its entry point), so
+its cases run on the session's shared workers; test_bad_inputs keeps one run in a fresh process."""
 
 from conftest import CASE, REPORT_ONLY
 
 
 def test_cases_are_items_with_table_in_failure_and_junit(pytester):
     pytester.makefile(".yaml", passing=REPORT_ONLY, failing=CASE, unrelated="just: a yaml file\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=junit.xml")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--junitxml=junit.xml")
     result.assert_outcomes(passed=1, failed=1)
     text = result.stdout.str()
     assert "grad.probs: expected bitwise, but" in text  # the verdict line
@@ -15,15 +18,19 @@ def test_cases_are_items_with_table_in_failure_and_junit(pytester):
 
 
 def test_golden_check_included(pytester):
+    """As in pytest-regressions: a missing golden is written and its item fails once; the next run checks it."""
     pytester.makefile(".yaml", passing=REPORT_ONLY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--xfalign-baseline", "goldens")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--xfalign-baseline", "goldens")
     result.assert_outcomes(failed=1)
-    assert "no golden yet" in result.stdout.str()
+    assert "golden passing: created in goldens/cpu-avx2; this test fails once" in result.stdout.str()
+    assert (pytester.path / "goldens" / "cpu-avx2" / "passing.golden.yaml").is_file()
+    again = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--xfalign-baseline", "goldens")
+    again.assert_outcomes(passed=1)
 
 
 def test_bad_case_is_one_failed_item_with_file_line_field_and_the_others_run(pytester):
     pytester.makefile(".yaml", bad=REPORT_ONLY.replace("impl: fp32_island", "impl: nope"), good=REPORT_ONLY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, passed=1)
     assert "bad.yaml:10: sides.paddle.impl: unknown paddle implementation 'nope'" in result.stdout.str()
     assert "Traceback" not in result.stdout.str()
@@ -31,6 +38,6 @@ def test_bad_case_is_one_failed_item_with_file_line_field_and_the_others_run(pyt
 
 def test_cuda_case_is_skipped_without_gpu(pytester):
     pytester.makefile(".yaml", gpu=REPORT_ONLY.replace("mode: compile}", "mode: compile, device: cuda}"))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     assert "no NVIDIA GPU" in result.stdout.str()

@@ -10,12 +10,24 @@ import pytest
 from harness.case import load_cases
 from harness.ops import NotAvailable, family_for
 
-torch = pytest.importorskip("torch")
-paddle = pytest.importorskip("paddle")
-rms_megatron = pytest.importorskip("harness.ops.rmsnorm.megatron")
-from harness.ops.rmsnorm.paddle import RmsNormPaddle, _rsqrt
+# torch, paddle and megatron-core are imported when the first test here runs, not when pytest collects the module:
+# a test process (pytest-xdist) that runs none of these tests never imports them. The group keeps this module's
+# tests, and the other in-process framework tests, in one test process.
+pytestmark = pytest.mark.xdist_group("in_process_frameworks")
+torch = paddle = rms_megatron = RmsNormMegatron = RmsNormPaddle = _rsqrt = None
 
-RmsNormMegatron = rms_megatron.RmsNormMegatron
+
+@pytest.fixture(scope="module", autouse=True)
+def _frameworks():
+    global torch, paddle, rms_megatron, RmsNormMegatron, RmsNormPaddle, _rsqrt
+    torch = pytest.importorskip("torch")
+    paddle = pytest.importorskip("paddle")
+    rms_megatron = pytest.importorskip("harness.ops.rmsnorm.megatron")
+    RmsNormMegatron = rms_megatron.RmsNormMegatron
+    rms_paddle = pytest.importorskip("harness.ops.rmsnorm.paddle")
+    RmsNormPaddle, _rsqrt = rms_paddle.RmsNormPaddle, rms_paddle._rsqrt
+
+
 BF16 = ml_dtypes.bfloat16
 UNIT = {BF16: 2.0 ** -8, np.float32: 2.0 ** -23}  # one ULP relative to the value, at worst
 

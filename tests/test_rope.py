@@ -11,15 +11,25 @@ import pytest
 from harness.case import load_cases
 from harness.inputs import generate_inputs
 from harness.ops import NotAvailable, family_for
-
-torch = pytest.importorskip("torch")
-paddle = pytest.importorskip("paddle")
-rope_megatron = pytest.importorskip("harness.ops.rope.megatron")
 from harness.ops.rope import BSHD_TO_PADDLE, rotary_freqs
-from harness.ops.rope.paddle import RopePaddle
+
+# torch, paddle and megatron-core are imported when the first test here runs, not when pytest collects the module:
+# a test process (pytest-xdist) that runs none of these tests never imports them. The group keeps this module's
+# tests, and the other in-process framework tests, in one test process.
+pytestmark = pytest.mark.xdist_group("in_process_frameworks")
+torch = paddle = RopeMegatron = RopePaddle = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _frameworks():
+    global torch, paddle, RopeMegatron, RopePaddle
+    torch = pytest.importorskip("torch")
+    paddle = pytest.importorskip("paddle")
+    RopeMegatron = pytest.importorskip("harness.ops.rope.megatron").RopeMegatron
+    RopePaddle = pytest.importorskip("harness.ops.rope.paddle").RopePaddle
+
 
 BF16 = ml_dtypes.bfloat16
-RopeMegatron = rope_megatron.RopeMegatron
 U_BF16 = 2.0 ** -8  # unit roundoff of bf16 (8 significant bits)
 
 

@@ -3,10 +3,11 @@
 import shutil
 
 import pytest
-from conftest import ROOT
 
 from harness.case import CaseError, load_case
 from harness.runner import run_case
+
+from conftest import ROOT
 
 CASE = """\
 op: swiglu

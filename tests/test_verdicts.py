@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from report_fixtures import dumps_of, known_diff_dumps
 from rich.console import Console
 
 import harness
@@ -22,6 +21,8 @@ from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison
 from harness.reports.text import detail_text, findings_lines
+
+from report_fixtures import dumps_of, known_diff_dumps
 
 HARNESS_DIR = Path(harness.__file__).resolve().parent
 
@@ -152,7 +153,7 @@ def test_unavailable_dumps_compare_exits_0_with_na(tmp_path, capsys):
 
 def test_not_available_case_is_a_pytest_skip_with_its_reason(pytester):
     pytester.makefile(".yaml", na=TINY_NOT_AVAILABLE)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     assert "fused_linear is not available on cpu" in result.stdout.str()
 
@@ -244,7 +245,7 @@ def test_signed_zero_and_nan_payload_only_name_their_first_index(tmp_path):
 
 
 def test_worker_ignores_a_harness_package_in_the_working_directory(tmp_path, write_case, monkeypatch):
-    from harness.runner import run_case
+    from harness.runner import WorkerPool, run_case
 
     fake = tmp_path / "work" / "harness"
     fake.mkdir(parents=True)
@@ -252,11 +253,14 @@ def test_worker_ignores_a_harness_package_in_the_working_directory(tmp_path, wri
     (fake / "worker.py").write_text("raise SystemExit('FAKE HARNESS WORKER RAN')\n")
     (case,) = load_cases(write_case(TINY_PADDLE_PAIR))
     monkeypatch.chdir(tmp_path / "work")
-    run = run_case(case)
+    with WorkerPool(jobs=1) as pool:  # a worker of its own, started in that folder (not the session's)
+        run = run_case(case, pool=pool)
+        assert pool.stats()["spawned"] == {"paddle": 1}
     assert run.dumps["island"].meta["xfalign"] == harness.__version__
     assert run.comparison.status == "pass"
 
 
+@pytest.mark.xdist_group("in_process_frameworks")  # imports megatron-core here
 def test_builtin_provenance_names_installed_file_and_version():
     from importlib.metadata import version
 
