@@ -3,14 +3,16 @@
 import hashlib
 import json
 
-import torch
-from safetensors.torch import load_file
+import pytest
 
 from harness.cli import main
 from harness.dump import Dump
 from harness.reports.json_report import FORMAT
 
 from conftest import CASE
+
+# One test process runs these: they share its Megatron worker (and test_dump_... imports torch here).
+pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 
 
 def run_json(args, tmp_path):
@@ -40,6 +42,9 @@ def test_weighted_swiglu_both_sides(write_case, tmp_path, capsys):
 
 
 def test_dump_is_plain_safetensors_with_md5_of_torch_bytes(write_case, tmp_path):
+    import torch  # here, not at module level: each test process would import torch to collect this file
+    from safetensors.torch import load_file
+
     path = write_case(CASE.replace("all: bitwise", "all: report"))
     assert main(["run", str(path), "--side", "megatron", "--dump", str(tmp_path / "m")]) == 0
     tensors = load_file(tmp_path / "m" / "tensors.safetensors")
@@ -120,6 +125,7 @@ def test_crashing_side_exits_3_with_its_error(write_case, tmp_path, capsys):
     assert "kaboom 42" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a Megatron worker of its own (~5 s); Paddle's N/A: test_bad_inputs (fast)
 def test_cuda_side_on_a_machine_without_gpu_is_not_available(write_case, tmp_path, capsys):
     path = write_case(CASE.replace("{framework: megatron, mode: compile}", "{framework: megatron, mode: compile, device: cuda}"))
     assert main(["run", str(path), "--side", "megatron", "--dump", str(tmp_path / "d")]) == 0
