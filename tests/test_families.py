@@ -71,6 +71,7 @@ def scaled_case(tmp_path, write_case):
     return lambda text=CASE: load_case(write_case(text))
 
 
+@pytest.mark.xdist_group("in_process_frameworks")  # shares that test process's Megatron worker
 def test_family_from_a_file_with_a_permuted_layout_matches_bitwise(scaled_case):
     case = scaled_case()
     family = family_for(case.op, case.source)
