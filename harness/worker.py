@@ -1,8 +1,7 @@
 """Worker process: runs sides of cases and writes their dumps.
 
-    python -m harness.worker JOB.json          one job, then exit (the original protocol)
-    python -m harness.worker --serve IN OUT    a long-lived worker: one JSON job per line on fd IN, one JSON
-                                               result per line on fd OUT, until IN is closed
+    python -m harness.worker --serve IN OUT    one JSON job per line on fd IN, one JSON result per line on
+                                               fd OUT, until IN is closed
 
 A long-lived worker serves one (framework, device, numerics profile): the profile's variables are set
 before the framework is imported (on the first job), and everything a case may change is put back after
@@ -11,7 +10,7 @@ torch.distributed groups and Megatron's parallel state, dynamo's compile caches,
 mode, warnings filters, user modules. Torch's compile/eager mode is switched per case at runtime.
 
 A job holds the validated case, its source path, the side name, the inputs file, the dump directory,
-the parent's working directory and environment, and optionally a status file and a log file (the case's
+the parent's working directory and environment, and a log file (the case's
 output: fds 1 and 2 point there while it runs). The result: {"dump": PATH, "timings": {...}} once the dump
 is in place, {"error": "Type: message", "exit": 1} when the side raised (the traceback goes to the case's
 log), {"output_error": message} when the dump could not be written (exit 2). A worker that dies during
@@ -129,11 +128,6 @@ def _write_dump(dump: Dump, directory: str, timings: dict) -> Path:
         raise DumpWriteFailed(f"cannot write the dump {directory}: {reason}") from error
     finally:
         timings["dump_s"] = time.perf_counter() - started
-
-
-def _report(status: str | None, record: dict) -> None:
-    if status:
-        Path(status).write_text(json.dumps(record))
 
 
 class _Prepared:
@@ -286,20 +280,10 @@ def serve(fd_in: int, fd_out: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--serve":
-        return serve(int(argv[1]), int(argv[2]))
-    job = json.loads(Path(argv[0]).read_text())
-    status = job.get("status")
-    try:
-        written = run_job(job)
-    except DumpWriteFailed as error:
-        _report(status, {"output_error": str(error)})
+    if len(argv) != 3 or argv[0] != "--serve":
+        print("usage: python -m harness.worker --serve IN OUT (started by harness.runner)", file=sys.stderr)
         return 2
-    except Exception as error:
-        _report(status, {"error": f"{type(error).__name__}: {error}"})
-        raise  # the traceback goes to the worker's output, whose tail the parent shows
-    _report(status, {"dump": str(written)})
-    return 0
+    return serve(int(argv[1]), int(argv[2]))
 
 
 if __name__ == "__main__":
