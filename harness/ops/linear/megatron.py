@@ -4,29 +4,13 @@ HashStore rendezvous)."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import tensor_parallel
 from megatron.core.model_parallel_config import ModelParallelConfig
 
 from harness.ops.family import Implementations, NotAvailable, variant
 from harness.ops.linear import LinearFamily
-
-
-@contextmanager
-def model_parallel(device: str):
-    """A one-process torch.distributed group and TP=1/PP=1 model parallel state, torn down after. Its
-    rendezvous is an in-process HashStore: no port, no environment variable left behind (the worker that
-    runs it serves the next case too)."""
-    torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", store=torch.distributed.HashStore(),
-                                         rank=0, world_size=1)
-    try:
-        parallel_state.initialize_model_parallel(1, 1)
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+from harness.ops.megatron_group import one_process_group
 
 
 class LinearMegatron(Implementations, family=LinearFamily, framework="megatron"):
@@ -36,7 +20,7 @@ class LinearMegatron(Implementations, family=LinearFamily, framework="megatron")
         config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=weight.dtype,
                                      gradient_accumulation_fusion=options["gradient_accumulation_fusion"])
         device = x.device.type
-        with model_parallel(device):
+        with one_process_group(device):
             if device == "cuda":
                 tensor_parallel.random.model_parallel_cuda_manual_seed(0)
             try:

@@ -21,29 +21,14 @@ with CP=1, torn down after the forward (the backward needs no group).
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 
 import torch
-from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from harness.ops.family import Implementations, NotAvailable, variant
+from harness.ops.megatron_group import one_process_group
 from harness.ops.rope import RopeFamily
-
-
-@contextmanager
-def context_parallel_1(device: str):
-    """A one-process torch.distributed group and model-parallel state with TP=PP=CP=1, torn down after.
-    Its rendezvous is an in-process HashStore: no port, no environment variable left behind."""
-    torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", store=torch.distributed.HashStore(),
-                                         rank=0, world_size=1)
-    try:
-        parallel_state.initialize_model_parallel(1, 1)
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 def rope_config(t: torch.Tensor, options: dict) -> TransformerConfig:
@@ -74,5 +59,5 @@ class RopeMegatron(Implementations, family=RopeFamily, framework="megatron"):
     @variant(provenance=_provenance, source=lambda options: apply_rotary_pos_emb)
     def megatron(t, freqs, options):
         config = rope_config(t, options)
-        with context_parallel_1(t.device.type):
+        with one_process_group(t.device.type):
             return apply_rotary_pos_emb(t, freqs, config, mscale=options["mscale"])
