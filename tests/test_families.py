@@ -133,7 +133,7 @@ def test_builtins_are_entry_points_and_module_class_names_work():
 def test_entry_point_from_an_installed_distribution(tmp_path, monkeypatch):
     import sys
 
-    import harness.ops
+    import harness.plugins
 
     (tmp_path / "scaled.py").write_text(FAMILY_FILE.replace('"scaled.py:', '"scaled:'))
     info = tmp_path / "scaled_plugin-1.0.dist-info"
@@ -141,12 +141,12 @@ def test_entry_point_from_an_installed_distribution(tmp_path, monkeypatch):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: scaled-plugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[xfalign.ops]\nscaled = scaled:Scaled\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    harness.ops._entry_points.cache_clear()
+    harness.plugins.entry_points.cache_clear()
     try:
         assert "scaled" in known_families()
         assert family_for("scaled").name == "scaled"
     finally:
-        harness.ops._entry_points.cache_clear()
+        harness.plugins.entry_points.cache_clear()
         sys.modules.pop("scaled", None)
 
 

@@ -3,26 +3,21 @@ the only code that imports a framework, and only inside its methods."""
 
 from __future__ import annotations
 
-import importlib.metadata
 from functools import cache
 
 from harness.frameworks.base import FrameworkAdapter
+from harness.plugins import entry_points
 
 GROUP = "xfalign.frameworks"
 
 
-@cache
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    return {point.name: point for point in importlib.metadata.entry_points(group=GROUP)}
-
-
 def known_frameworks() -> list[str]:
-    return sorted(_entry_points())
+    return sorted(entry_points(GROUP))
 
 
 @cache
 def adapter_for(name: str) -> FrameworkAdapter:
-    point = _entry_points().get(name)
+    point = entry_points(GROUP).get(name)
     if point is None:
         raise KeyError(f"unknown framework {name!r}; known: {', '.join(known_frameworks())}")
     adapter = point.load()()

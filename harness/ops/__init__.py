@@ -23,17 +23,13 @@ from harness.ops.family import (
     code_origin,
     variant,
 )
+from harness.plugins import entry_points
 
 GROUP = "xfalign.ops"
 
 
-@cache
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    return {point.name: point for point in importlib.metadata.entry_points(group=GROUP)}
-
-
 def known_families() -> list[str]:
-    return sorted(_entry_points())
+    return sorted(entry_points(GROUP))
 
 
 @cache
@@ -67,8 +63,8 @@ def _family(op: str, case_source: str) -> OpFamily:
             cls = load_object(op, case_source)
         except Exception as error:  # the family's own module runs here: any error in it is the case's problem
             raise FieldProblem(("op",), f"cannot load op family {op!r}: {type(error).__name__}: {error}") from None
-    elif op in _entry_points():
-        cls = _entry_points()[op].load()
+    elif op in entry_points(GROUP):
+        cls = entry_points(GROUP)[op].load()
     else:
         raise FieldProblem(("op",), f"unknown op family {op!r}; known: {', '.join(known_families())} "
                                     "(or package.module:Family, file.py:Family)")
