@@ -153,6 +153,7 @@ class _Process:
         self.started = time.monotonic()
         self.reaped = False
         self.buffer = b""
+        self._stopping = threading.Lock()  # the pool's close and the slot's thread may both stop it
 
     def exited(self) -> bool:
         """Whether the worker has exited, leaving it unreaped (its pid stays the group's id until
@@ -163,24 +164,32 @@ class _Process:
             return os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         return self.popen.poll() is not None
 
-    def stop(self) -> None:
-        """SIGKILL the worker's process group (helpers and compile workers included) and reap the worker."""
+    def kill(self) -> None:
+        """SIGKILL the worker's process group, leaving the reaping to `stop`."""
         if self.reaped:
             return
         try:
             os.killpg(self.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            self.popen.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # stuck in the kernel; it dies when that returns
-            pass
-        self.reaped = True
-        for fd in (self.to_worker, self.from_worker):
+
+    def stop(self) -> None:
+        """SIGKILL the worker's process group (helpers and compile workers included) and reap the worker.
+        Its pipe ends are closed exactly once: a second close could hit a descriptor reused meanwhile."""
+        with self._stopping:
+            if self.reaped:
+                return
+            self.kill()
             try:
-                os.close(fd)
-            except OSError:
+                self.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # stuck in the kernel; it dies when that returns
                 pass
+            self.reaped = True
+            for fd in (self.to_worker, self.from_worker):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def send(self, job: dict) -> bool:
         data = (json.dumps(job) + "\n").encode()
@@ -361,13 +370,15 @@ class WorkerPool:
                 for queue in self._queues.values():
                     queue.clear()
             for process in processes:
-                process.stop()
+                process.kill()  # a slot's thread sees its pipe close and stops (reaps) its own worker
             for job in pending:
                 if job.future.set_running_or_notify_cancel():
                     job.future.set_exception(PoolClosed("the worker pool was closed"))
             for slots in self._slots.values():
                 for slot in slots:
                     slot.thread.join(timeout=5)
+            for process in processes:
+                process.stop()
             if _DefaultPool.pool is self:
                 _DefaultPool.pool = None
             self._write_timings()
