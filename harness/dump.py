@@ -17,6 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 from harness import __version__
 from harness.atomic import file_mode, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
+from harness.capture.format import CaptureInfo, TensorStats
 from harness.digest import Digest, StreamCheck, digests_of, verify
 from harness.errors import OutputError, XfalignError, field_text, safe_name, validation_problem
 
@@ -34,6 +35,8 @@ class TensorEntry(BaseModel):
     shape: list[int]
     md5: str
     xxh3: str | None = None
+    stored: bool = True  # False: only the digests (and stats) were kept (a capture in digest mode)
+    stats: TensorStats | None = None
 
 
 class DumpMeta(BaseModel):
@@ -57,6 +60,7 @@ class DumpMeta(BaseModel):
     unavailable: str | None = None  # why the side could not run here (then nothing else was captured)
     repeats: dict[str, list[str | None]] = {}  # tensor -> MD5 per repeat, when run more than once
     tensors: list[TensorEntry] = []
+    capture: CaptureInfo | None = None  # a step of a model capture (harness.capture)
 
 
 def validated_meta(meta: dict, where: str) -> dict:
@@ -197,6 +201,11 @@ class Dump:
     meta: dict  # case, side, framework, impl, provenance, environment, input digests
     # forward -> backward order; a read dump's are CheckedTensors (bytes checked before use)
     tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # tensors recorded without their bytes: name -> {"dtype", "shape", "md5", "xxh3", "stats"} (a capture in
+    # digest mode); `digests` covers them, `tensors` does not
+    unstored: dict[str, dict] = field(default_factory=dict)
+    stats: dict[str, dict] = field(default_factory=dict)  # name -> TensorStats fields, for stored tensors
+    order: list[str] | None = None  # every tensor's name, stored or not, in the order to record them
 
     @property
     def side(self) -> str:
@@ -226,7 +235,13 @@ class Dump:
         check_dump_target(directory, self.meta.get("side"))
         directory.parent.mkdir(parents=True, exist_ok=True)
         digests = digests_of(self.tensors)  # MD5 and XXH3, hashed in parallel threads
-        entries = [{"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors]
+        entries = {name: {"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors}
+        for name, stats in self.stats.items():
+            entries[name]["stats"] = stats
+        entries.update({name: {"name": name, **entry, "stored": False} for name, entry in self.unstored.items()})
+        if self.order is not None and sorted(self.order) != sorted(entries):
+            raise ValueError("Dump.order must name every tensor, stored or not, once")
+        entries = [entries[name] for name in self.order or entries]
         meta = validated_meta(dict(self.meta, format=FORMAT, xfalign=__version__, tensors=entries), str(directory))
         staging = staging_dir(directory)
         try:
@@ -264,7 +279,7 @@ class Dump:
             raise DumpError(f"{directory}: unknown dump format {found!r}")
         meta = validated_meta(meta, str(directory))
         try:
-            digests = {entry["name"]: Digest.from_json(entry) for entry in meta["tensors"]}
+            digests = {entry["name"]: Digest.from_json(entry) for entry in meta["tensors"] if entry.get("stored", True)}
         except (KeyError, TypeError, ValueError) as error:
             raise DumpError(f"{directory}: not a readable xfalign dump (bad tensor entry in {META_FILE}: {error!r})") from None
         for name in digests:
@@ -278,4 +293,7 @@ class Dump:
         tensors = CheckedTensors(directory, {name: arrays[name] for name in digests}, digests)
         if check_bytes:
             tensors.check()
-        return cls(meta, tensors)
+        unstored = {entry["name"]: {k: v for k, v in entry.items() if k not in ("name", "stored")}
+                    for entry in meta["tensors"] if not entry.get("stored", True)}
+        stats = {entry["name"]: entry["stats"] for entry in meta["tensors"] if entry.get("stats") is not None}
+        return cls(meta, tensors, unstored=unstored, stats=stats, order=[entry["name"] for entry in meta["tensors"]])
