@@ -235,13 +235,14 @@ class Dump:
         check_dump_target(directory, self.meta.get("side"))
         directory.parent.mkdir(parents=True, exist_ok=True)
         digests = digests_of(self.tensors)  # MD5 and XXH3, hashed in parallel threads
-        entries = {name: {"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors}
+        by_name = {name: {"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors}
         for name, stats in self.stats.items():
-            entries[name]["stats"] = stats
-        entries.update({name: {"name": name, **entry, "stored": False} for name, entry in self.unstored.items()})
-        if self.order is not None and sorted(self.order) != sorted(entries):
+            if name in by_name:
+                by_name[name]["stats"] = stats
+        by_name.update({name: {"name": name, **entry, "stored": False} for name, entry in self.unstored.items()})
+        if self.order is not None and sorted(self.order) != sorted(by_name):
             raise ValueError("Dump.order must name every tensor, stored or not, once")
-        entries = [entries[name] for name in self.order or entries]
+        entries = [by_name[name] for name in self.order or by_name]
         meta = validated_meta(dict(self.meta, format=FORMAT, xfalign=__version__, tensors=entries), str(directory))
         staging = staging_dir(directory)
         try:

@@ -1,0 +1,813 @@
+"""The name and layout map between two captures: which B tensors make each A tensor, and how.
+
+    format: xfalign-map/1
+    sides: {a: megatron, b: paddle}            # optional: the sides the map was written for
+    defaults:                                  # layouts of module pairs that do not give their own
+      calls: {permute: [1, 0, 2]}              #   inputs/outputs/grad_outputs: A [s, b, h] = B [b, s, h]
+      params: {transpose: true}                #   params/grads: torch [out, in] = paddle [in, out]
+    modules:                                   # module pairs: B's tensors renamed, `#call:role.slot` kept
+      - {a: "decoder.layers.{i}.mlp", b: "layers.{i}.mlp"}
+      - {a: "decoder.layers.{i}.mlp.linear_fc2", b: "layers.{i}.mlp.down_proj"}
+      - a: "decoder.layers.{i}.mlp.linear_fc1"            # several B modules: a pair for tables and
+        b: ["layers.{i}.mlp.gate_proj", "layers.{i}.mlp.up_proj"]   # replay; tensors need entries below
+    tensors:                                   # tensor entries: tried first, in order; first match wins
+      - a: "decoder.layers.{i}.mlp.linear_fc1:{role:param|grad}.{p}"     # [2*ffn, h]: gate rows, up rows
+        b: {gate: "layers.{i}.mlp.gate_proj:{role}.{p}", up: "layers.{i}.mlp.up_proj:{role}.{p}"}
+        transpose: true                        # each B part [h, ffn] -> [ffn, h]
+        split: {axis: 0}                       # A's fused tensor is the parts joined along its axis 0
+      - a: "decoder.layers.{i}.mlp.experts:param.weight1"                 # experts: one capture ({e}) on
+        b: "layers.{i}.mlp.experts.{e}.w1:param.weight"                  # one side only runs over parts
+        split: {axis: 0, stack: true, count: 8}                           # stacked into a new axis 0
+    ignore:                                    # tensors with no counterpart, on purpose (not reported)
+      b: ["layers.{i}.mlp.up_proj#{c}:input.0"]     # the same input as gate_proj's
+
+Patterns: `{name}` captures one dotted component (no `.`, `#`, `:`), `{name:x|y}` one of the listed words,
+a capture named twice must match the same text; `*` (any text within a component) only in `ignore`.
+
+Layouts go from B to A: `permute: [1, 0, 2]` means A's axis k is B's axis permute[k]; `transpose: true`
+swaps the last two axes (tensors of fewer than two axes unchanged, so a bias passes through).
+
+Split (one side lists several parts, or a capture on one side only runs over them): `axis` is an axis of
+the FUSED tensor, in its own side's layout; the parts, in the order listed (or of their capture's value),
+are converted to the fused side's layout and joined along it (`stack: true`: stacked into a new axis);
+`sizes` (default equal parts) and `count` (parts of a capture; needed to split when sizes and stack do not
+tell) are checked where known.
+
+What `to_a` does with each B tensor: an `ignore.b` match is dropped; a tensor entry, then a module pair,
+then the identity (its own name: a tensor the map does not mention keeps its name, so with no map at all
+the names pair as they are, and an unmapped B tensor is reported by the comparison as present on one side
+only, through OneSidedPair; an A name made by an entry wins over a B tensor kept under its own name).
+Digest-only tensors: renamed with their digest when the layout keeps their bytes (a rename, or a permute
+that moves only axes of size 1); otherwise they cannot be made without their bytes and are left out,
+listed in `MappedDump.left_out` with the reason (re-capture them in full: digests-then-full).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
+
+from harness.capture.format import TensorName
+from harness.case import CaseLoader, DuplicateKey, _check_readable_depth, _line_and_field, _line_map, _YamlShape
+from harness.digest import digests_of
+from harness.dump import Dump
+from harness.errors import XfalignError, describe_value, validation_problem
+
+MAP_FORMAT: Literal["xfalign-map/1"] = "xfalign-map/1"
+MAX_MAP_BYTES = 1 << 20
+Side = Literal["a", "b"]
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+
+class MapError(XfalignError):
+    """A map file that cannot be used: one line naming file, line and field (exit 2)."""
+
+
+class MapApplyError(XfalignError):
+    """A map entry that does not fit the tensors it is applied to: names the tensor and the entry (exit 2)."""
+
+
+# --- patterns -----------------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"\{(?P<name>[A-Za-z_]\w*)(?::(?P<alts>[^{}]*))?\}|\*")
+_COMPONENT = r"[^.#:]+"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A tensor or module name with captures: `layers.{i}.mlp`, `{role:param|grad}`."""
+
+    text: str
+    regex: re.Pattern
+    captures: tuple[str, ...]
+
+    @classmethod
+    def compile(cls, text: str, star: bool = False, words: dict[str, str] | None = None) -> Pattern:
+        """`words`: a capture's `x|y` given elsewhere in the entry (it holds on every side)."""
+        parts, captures, position = [], [], 0
+        for token in _TOKEN.finditer(text):
+            parts.append(_literal(text[position:token.start()]))
+            position = token.end()
+            name = token["name"]
+            if name is None:
+                if not star:
+                    raise ValueError(f"{text!r}: '*' only in ignore lists; capture with {{name}} here")
+                parts.append(r"[^.#:]*")
+            elif name in captures:
+                parts.append(f"(?P={name})")
+            else:
+                captures.append(name)
+                alts = token["alts"] if token["alts"] is not None else (words or {}).get(name)
+                if alts is not None and not all(alts.split("|")):
+                    raise ValueError(f"{text!r}: {{{name}:...}} lists words separated by '|'")
+                parts.append(f"(?P<{name}>{'|'.join(map(re.escape, alts.split('|'))) if alts is not None else _COMPONENT})")
+        parts.append(_literal(text[position:]))
+        return cls(text, re.compile("".join(parts)), tuple(captures))
+
+    def match(self, name: str) -> dict[str, str] | None:
+        found = self.regex.fullmatch(name)
+        return None if found is None else found.groupdict()
+
+    def format(self, values: dict[str, str]) -> str:
+        return _TOKEN.sub(lambda token: values[token["name"]], self.text)
+
+    @property
+    def module(self) -> Pattern:
+        """The module part of a tensor pattern (before `#call` or `:role`)."""
+        cut = len(self.text)
+        for found in re.finditer(r"[#:]", _TOKEN.sub(lambda t: "_" * len(t.group()), self.text)):
+            cut = found.start()
+            break
+        return Pattern.compile(self.text[:cut])
+
+
+def _words(texts: list[str]) -> dict[str, str]:
+    """The `{name:x|y}` words of the captures of an entry's patterns."""
+    return {t["name"]: t["alts"] for text in texts for t in _TOKEN.finditer(text) if t["name"] and t["alts"] is not None}
+
+
+def _literal(text: str) -> str:
+    if "{" in text or "}" in text:
+        raise ValueError(f"unbalanced or malformed capture in {text!r}: a capture is {{name}} or {{name:word|word}}")
+    return re.escape(text)
+
+
+# --- layouts ---
+
+def _permutation(axes: list[int] | None) -> list[int] | None:
+    if axes is not None and sorted(axes) != list(range(len(axes))):
+        raise ValueError(f"permute lists each axis 0..n-1 once, got {axes}")
+    return axes
+
+
+def _one_kind(layout: Any) -> Any:
+    if layout.permute is not None and layout.transpose:
+        raise ValueError("give permute or transpose, not both")
+    return layout
+
+
+
+class Layout(BaseModel):
+    """How a B tensor's axes become A's: `permute` (A axis k = B axis permute[k]) or `transpose` (last two)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    permute: list[StrictInt] | None = None
+    transpose: StrictBool = False
+
+    @field_validator("permute")
+    @classmethod
+    def _permutation(cls, axes: list[int] | None) -> list[int] | None:
+        return _permutation(axes)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Layout:
+        return _one_kind(self)
+
+    @property
+    def identity(self) -> bool:
+        return not self.transpose and (self.permute is None or self.permute == sorted(self.permute))
+
+    def axes(self, ndim: int, to_a: bool = True) -> list[int]:
+        if self.transpose:
+            return list(range(ndim - 2)) + [ndim - 1, ndim - 2] if ndim >= 2 else list(range(ndim))
+        if self.permute is None:
+            return list(range(ndim))
+        if len(self.permute) != ndim:
+            raise ValueError(f"permute {self.permute} has {len(self.permute)} axes, the tensor {ndim}")
+        return self.permute if to_a else [int(i) for i in np.argsort(self.permute)]
+
+    def apply(self, array: np.ndarray, to_a: bool = True) -> np.ndarray:
+        axes = self.axes(array.ndim, to_a)
+        return array if axes == sorted(axes) else np.ascontiguousarray(np.transpose(array, axes))
+
+    def same_bytes_shape(self, shape: list[int], to_a: bool = True) -> list[int] | None:
+        """The new shape if the layout keeps the C-order bytes (only axes of size 1 move), else None."""
+        axes = self.axes(len(shape), to_a)
+        moved = [axis for axis in axes if shape[axis] != 1]
+        return [shape[axis] for axis in axes] if moved == sorted(moved) else None
+
+    def describe(self) -> str:
+        return "transpose" if self.transpose else f"permute {self.permute}" if not self.identity else ""
+
+
+IDENTITY = Layout()
+
+
+# --- the map file's schema ----------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Split(_Strict):
+    axis: StrictInt  # of the fused tensor, in its own side's layout
+    sizes: list[PositiveInt] | None = None  # default: equal parts
+    count: PositiveInt | None = None  # parts of a capture that runs over them
+    stack: StrictBool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Split:
+        if self.stack and self.sizes is not None:
+            raise ValueError("stacked parts have no sizes (each is one slice of the new axis)")
+        if self.sizes is not None and self.count is not None and self.count != len(self.sizes):
+            raise ValueError(f"count {self.count} but {len(self.sizes)} sizes")
+        return self
+
+
+def _parts(value: Any) -> list[tuple[str, str]]:
+    """A side of a tensor entry: one name, a list of parts, or a mapping part-name: pattern."""
+    if isinstance(value, str):
+        return [("", value)]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return [(str(i), v) for i, v in enumerate(value)]
+    if isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
+        return [(str(k), v) for k, v in value.items()]
+    raise ValueError(f"a tensor name pattern, a list of them, or a mapping part: pattern, got {describe_value(value)}")
+
+
+class TensorEntrySpec(_Strict):
+    a: Any
+    b: Any
+    permute: list[StrictInt] | None = None
+    transpose: StrictBool = False
+    split: Split | None = None
+    note: str = ""
+
+    @field_validator("a", "b")
+    @classmethod
+    def _patterns(cls, value: Any) -> list[tuple[str, str]]:
+        parts = _parts(value)
+        for _, text in parts:
+            Pattern.compile(text)
+        return parts
+
+    @field_validator("permute")
+    @classmethod
+    def _permutation(cls, axes: list[int] | None) -> list[int] | None:
+        return _permutation(axes)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TensorEntrySpec:
+        return _one_kind(self)
+
+
+class ModuleEntrySpec(_Strict):
+    a: str
+    b: str | list[str]
+    calls: Layout | None = None
+    params: Layout | None = None
+
+    @field_validator("a", "b")
+    @classmethod
+    def _patterns(cls, value: str | list[str]) -> str | list[str]:
+        for text in [value] if isinstance(value, str) else value:
+            if re.search(r"[#:]", _TOKEN.sub("", text)):
+                raise ValueError(f"{text!r}: a module path has no '#' or ':' (tensor names go under tensors:)")
+            Pattern.compile(text)
+        return value
+
+
+class Defaults(_Strict):
+    calls: Layout = IDENTITY
+    params: Layout = IDENTITY
+
+
+class Ignore(_Strict):
+    a: list[str] = []
+    b: list[str] = []
+
+    @field_validator("a", "b")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for text in value:
+            Pattern.compile(text, star=True)
+        return value
+
+
+class MapSpec(_Strict):
+    format: Literal["xfalign-map/1"] = MAP_FORMAT
+    sides: dict[Side, str] = {}
+    defaults: Defaults = Defaults()
+    modules: list[ModuleEntrySpec] = []
+    tensors: list[TensorEntrySpec] = []
+    ignore: Ignore = Ignore()
+
+
+# --- compiled entries ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _TensorEntry:
+    where: str  # "map.yaml:14 (tensors[2])", for messages
+    parts: dict[str, list[tuple[str, Pattern]]]  # side -> [(part name, pattern)]
+    layout: Layout
+    split: Split | None
+    fused: Side | None = None  # the side holding one fused tensor, when the entry splits
+    gathered: str | None = None  # the capture (on the parts side only) that runs over the parts
+    a_captures: tuple[str, ...] = ()
+
+
+@dataclass
+class _ModuleEntry:
+    where: str
+    a: Pattern
+    b: list[Pattern]
+    calls: Layout
+    params: Layout
+
+
+def _compile_tensor_entry(spec: TensorEntrySpec, where: str) -> _TensorEntry:
+    """Raises FieldError (a field of the entry, a message) when the entry cannot be applied."""
+    words = _words([text for side in ("a", "b") for _, text in getattr(spec, side)])
+    parts = {side: [(name, Pattern.compile(text, words=words)) for name, text in getattr(spec, side)] for side in ("a", "b")}
+    if spec.permute is not None or spec.transpose:
+        layout = Layout(permute=spec.permute, transpose=spec.transpose)
+    else:
+        layout = IDENTITY
+    captures = {side: {frozenset(p.captures) for _, p in parts[side]} for side in ("a", "b")}
+    for side in ("a", "b"):
+        if len(captures[side]) > 1:
+            raise _FieldError((side,), "every part must use the same captures")
+    ca, cb = next(iter(captures["a"])), next(iter(captures["b"]))
+    entry = _TensorEntry(where, parts, layout, spec.split, a_captures=parts["a"][0][1].captures)
+    if ca != cb:
+        one_sided = ca ^ cb
+        parts_side: Side = "b" if cb > ca else "a"
+        if len(one_sided) != 1 or not (ca < cb or cb < ca) or len(parts["a"]) + len(parts["b"]) != 2:
+            raise _FieldError(("b",), f"captures differ (a: {sorted(ca) or 'none'}, b: {sorted(cb) or 'none'}); a capture "
+                                      "on one side only must be the one that runs over the parts, each side one pattern")
+        entry.gathered = next(iter(one_sided))
+        entry.fused = "a" if parts_side == "b" else "b"
+    elif len(parts["a"]) > 1 and len(parts["b"]) > 1:
+        raise _FieldError(("b",), "only one side lists several parts (the other side's one tensor is split into them)")
+    elif len(parts["a"]) > 1 or len(parts["b"]) > 1:
+        entry.fused = "a" if len(parts["b"]) > 1 else "b"
+    if entry.fused is None and spec.split is not None:
+        raise _FieldError(("split",), "split needs several parts on one side (a list, or a capture on one side only)")
+    if entry.fused is not None and spec.split is None:
+        raise _FieldError(("split",), "several parts need split: {axis: ...} (the axis of the fused tensor they make)")
+    if entry.fused is not None and spec.split is not None:
+        listed = len(parts["b" if entry.fused == "a" else "a"])
+        if entry.gathered is None and spec.split.sizes is not None and len(spec.split.sizes) != listed:
+            raise _FieldError(("split", "sizes"), f"{len(spec.split.sizes)} sizes for {listed} parts")
+        if entry.gathered is None and spec.split.count is not None and spec.split.count != listed:
+            raise _FieldError(("split", "count"), f"count {spec.split.count} for {listed} parts")
+    return entry
+
+
+class _FieldError(Exception):
+    def __init__(self, path: tuple, message: str):
+        super().__init__(message)
+        self.path, self.message = path, message
+
+
+# --- the result of to_a -------------------------------------------------------------------------------
+
+
+@dataclass
+class MappedDump(Dump):
+    """B's step dump in A's names and layouts (see the module's docstring for the rules)."""
+
+    left_out: dict[str, str] = field(default_factory=dict)  # A name -> why it could not be made
+    sources: dict[str, list[str]] = field(default_factory=dict)  # A name -> the B tensors it is made of
+    how: dict[str, str] = field(default_factory=dict)  # A name -> the transform, where not a plain rename
+    unmapped: list[str] = field(default_factory=list)  # B tensors the map does not mention (kept by name)
+    ignored: list[str] = field(default_factory=list)  # B tensors dropped by ignore.b
+
+
+@dataclass
+class _Source:
+    """What one side holds for a name: an array, or (digest only) its digest entry."""
+
+    array: np.ndarray | None
+    entry: dict | None
+
+
+# --- the map ------------------------------------------------------------------------------------------
+
+
+class TensorMap:
+    """A loaded map (`load_map`), or the identity (`TensorMap()`: every name pairs with itself)."""
+
+    def __init__(self, spec: MapSpec | None = None, source: str = "(identity map)", lines: dict[tuple, int] | None = None):
+        self.spec = spec or MapSpec()
+        self.source = source
+        lines = lines or {}
+
+        def where(path: tuple) -> str:
+            return f"{source}:{_line_and_field(lines, path)[0]} ({path[0]}[{path[1]}])"
+
+        self.tensor_entries: list[_TensorEntry] = []
+        for index, entry_spec in enumerate(self.spec.tensors):
+            try:
+                self.tensor_entries.append(_compile_tensor_entry(entry_spec, where(("tensors", index))))
+            except _FieldError as problem:
+                line, name = _line_and_field(lines, ("tensors", index, *problem.path))
+                raise MapError(f"{source}:{line}: {name}: {problem.message}") from None
+        self.module_entries: list[_ModuleEntry] = []
+        for index, module_spec in enumerate(self.spec.modules):
+            b = [module_spec.b] if isinstance(module_spec.b, str) else module_spec.b
+            words = _words([module_spec.a, *b])
+            a_pattern, b_patterns = Pattern.compile(module_spec.a, words=words), [Pattern.compile(t, words=words) for t in b]
+            for position, pattern in enumerate(b_patterns):
+                if set(pattern.captures) != set(a_pattern.captures):
+                    line, name = _line_and_field(lines, ("modules", index, "b", *([position] if len(b) > 1 else [])))
+                    raise MapError(f"{source}:{line}: {name}: captures differ (a: {sorted(a_pattern.captures) or 'none'}, "
+                                   f"b: {sorted(pattern.captures) or 'none'})")
+            if len(b) > 1 and (module_spec.calls or module_spec.params):
+                line, name = _line_and_field(lines, ("modules", index, "calls" if module_spec.calls else "params"))
+                raise MapError(f"{source}:{line}: {name}: a layout needs a one-to-one module pair; with several B "
+                               "modules give tensor entries")
+            self.module_entries.append(_ModuleEntry(where(("modules", index)), a_pattern, b_patterns,
+                                                    _given(module_spec.calls, self.spec.defaults.calls),
+                                                    _given(module_spec.params, self.spec.defaults.params)))
+        self.ignore = {side: [Pattern.compile(t, star=True) for t in getattr(self.spec.ignore, side)] for side in ("a", "b")}
+
+    @property
+    def sides(self) -> dict[Side, str]:
+        return dict(self.spec.sides)
+
+    @property
+    def is_identity(self) -> bool:
+        return not (self.spec.tensors or self.spec.modules or self.spec.ignore.a or self.spec.ignore.b)
+
+    def ignored(self, side: Side, name: str) -> bool:
+        """Whether `name` of `side` is in the map's ignore list (no counterpart on purpose)."""
+        return any(pattern.match(name) is not None for pattern in self.ignore[side])
+
+    # --- translation, one engine for both directions ---
+
+    def to_a(self, dump_b: Dump) -> MappedDump:
+        """B's dump in A's names and layouts. Stored tensors transformed; digest-only ones renamed when the
+        layout keeps their bytes, else left out (`left_out`). meta.capture stays B's (B's module names)."""
+        names = list(dump_b.order) if dump_b.order is not None else [*dump_b.tensors, *dump_b.unstored]
+        stored = [name for name in names if name in dump_b.tensors]
+        check = getattr(dump_b.tensors, "check", None)
+        if check is not None:
+            check(stored)  # every byte used below is checked against its digest, in threads
+        entries = {entry["name"]: entry for entry in dump_b.meta.get("tensors", [])}
+        for name, array in dump_b.tensors.items():
+            entries.setdefault(name, {"name": name, **digests_of({name: array})[name].to_json(xxh3=True)})
+        for name, entry in dump_b.unstored.items():
+            entries.setdefault(name, {"name": name, **entry, "stored": False})
+
+        def fetch(name: str) -> _Source:
+            return _Source(dump_b.tensors[name] if name in dump_b.tensors else None, entries[name])
+
+        made = self._translate(names, "b", fetch)
+        tensors: dict[str, np.ndarray] = {}
+        result = MappedDump(copy.deepcopy(dump_b.meta), tensors, order=[])
+        fresh = {name: out.array for name, out in made.outputs.items() if out.array is not None and out.entry is None}
+        fresh_digests = digests_of(fresh)
+        meta_entries = []
+        for name, out in made.outputs.items():
+            if out.array is not None:
+                tensors[name] = out.array
+                if out.entry is not None:  # bytes unchanged: B's digest, under A's name
+                    meta_entries.append({**out.entry, "name": name})
+                    if "stats" in out.entry:
+                        result.stats[name] = out.entry["stats"]
+                else:
+                    meta_entries.append({"name": name, **fresh_digests[name].to_json(xxh3=True)})
+            else:
+                assert out.entry is not None
+                entry = {k: v for k, v in out.entry.items() if k not in ("name", "stored")}
+                result.unstored[name] = entry
+                meta_entries.append({**out.entry, "name": name, "stored": False})
+            result.order.append(name)  # type: ignore[union-attr]
+        result.meta["tensors"] = meta_entries
+        result.left_out, result.sources, result.how = made.left_out, made.sources, made.how
+        result.unmapped, result.ignored = made.unmapped, made.ignored
+        return result
+
+    def to_b(self, arrays_a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A's arrays in B's names and layouts (the inverse of to_a): weights to load into B, replay inputs.
+        Names the map does not mention keep their names; ignore.a names are dropped."""
+        made = self._translate(list(arrays_a), "a", lambda name: _Source(np.asarray(arrays_a[name]), None))
+        if made.left_out:
+            name, why = next(iter(made.left_out.items()))
+            raise MapApplyError(f"{self.source}: cannot make B tensor {name}: {why}")
+        return {name: out.array for name, out in made.outputs.items() if out.array is not None}
+
+    def module_pairs(self, modules_a: list[str], modules_b: list[str] | None = None) -> dict[str, list[str]]:
+        """For each A module (in the given order), the B modules that make it up: from module pairs, then
+        from tensor entries' module parts, else the module of the same name; filtered by `modules_b`."""
+        known_b = None if modules_b is None else set(modules_b)
+        pairs: dict[str, list[str]] = {}
+        for module in modules_a:
+            found: list[str] = []
+            for entry in self.module_entries:
+                values = entry.a.match(module)
+                if values is not None:
+                    found = [pattern.format(values) for pattern in entry.b]
+                    break
+            else:
+                found = self._modules_from_entries(module, modules_b)
+            if not found and not self._module_named(module):
+                found = [module]
+            pairs[module] = [name for name in dict.fromkeys(found) if known_b is None or name in known_b]
+        return pairs
+
+    def _module_named(self, module: str) -> bool:
+        return any(pattern.module.match(module) is not None for entry in self.tensor_entries for _, pattern in entry.parts["a"])
+
+    def _modules_from_entries(self, module: str, modules_b: list[str] | None) -> list[str]:
+        found: list[str] = []
+        for entry in self.tensor_entries:
+            for _, a_pattern in entry.parts["a"]:
+                values = a_pattern.module.match(module)
+                if values is None:
+                    continue
+                for _, b_pattern in entry.parts["b"]:
+                    b_module = b_pattern.module
+                    if all(c in values for c in b_module.captures):
+                        found.append(b_module.format(values))
+                    elif modules_b is not None:  # a capture runs over B modules (experts): the ones present
+                        partial = Pattern.compile(_fill(b_module.text, values))
+                        found += [name for name in modules_b if partial.match(name) is not None]
+        return found
+
+    # --- the engine ---
+
+    def _translate(self, names: list[str], source: Side, fetch) -> _Made:
+        target: Side = "a" if source == "b" else "b"
+        to_a = source == "b"
+        made = _Made()
+        groups: dict[tuple, dict[str, str]] = {}  # (entry index, target captures) -> part key -> source name
+        jobs: list[tuple] = []  # in the order of first appearance
+        kept: list[tuple[str, str]] = []
+        for name in names:
+            if self.ignored(source, name):
+                made.ignored.append(name)
+                continue
+            hit = self._entry_hit(name, source)
+            if hit is not None:
+                index, part, values = hit
+                entry = self.tensor_entries[index]
+                if entry.fused == source or entry.fused is None:  # one source tensor: its own job
+                    jobs.append(("entry", index, values, {part: name}))
+                    continue
+                key_values = {k: v for k, v in values.items() if k != entry.gathered}
+                key = (index, tuple(sorted(key_values.items())))
+                if key not in groups:
+                    groups[key] = {}
+                    jobs.append(("entry", index, key_values, groups[key]))
+                groups[key][part] = name
+                continue
+            renamed = self._module_hit(name, source)
+            if renamed is not None:
+                jobs.append(("rename", name, *renamed))
+            else:
+                kept.append((name, name))
+        for job in jobs:
+            if job[0] == "rename":
+                _, name, new_name, layout, where = job
+                self._one(made, new_name, [name], fetch(name), layout, to_a, where)
+            else:
+                self._entry_job(made, self.tensor_entries[job[1]], job[2], job[3], source, target, fetch)
+        for name, new_name in kept:
+            made.unmapped.append(name)
+            if new_name in made.outputs or new_name in made.left_out:
+                continue  # an A name made by an entry wins over a B tensor kept under its own name
+            self._one(made, new_name, [name], fetch(name), IDENTITY, to_a, "")
+        return made
+
+    def _entry_hit(self, name: str, side: Side) -> tuple[int, str, dict[str, str]] | None:
+        for index, entry in enumerate(self.tensor_entries):
+            for part, pattern in entry.parts[side]:
+                values = pattern.match(name)
+                if values is not None:
+                    return index, values[entry.gathered] if entry.gathered in values else part, values
+        return None
+
+    def _module_hit(self, name: str, side: Side) -> tuple[str, Layout, str] | None:
+        parsed = TensorName.parse(name)
+        if parsed is None:
+            return None
+        for entry in self.module_entries:
+            if len(entry.b) != 1:
+                continue
+            source, target = (entry.b[0], entry.a) if side == "b" else (entry.a, entry.b[0])
+            values = source.match(parsed.module)
+            if values is not None:
+                layout = entry.params if parsed.call is None else entry.calls
+                return target.format(values) + name[len(parsed.module):], layout, entry.where
+        return None
+
+    def _one(self, made: _Made, new_name: str, sources: list[str], got: _Source, layout: Layout, to_a: bool,
+             where: str) -> None:
+        """A one-to-one translation: the array through the layout, or a digest under the new name."""
+        if new_name in made.outputs:
+            raise MapApplyError(f"{where or self.source}: tensor {new_name}: made twice (from "
+                                f"{', '.join(made.sources[new_name])} and {', '.join(sources)})")
+        made.sources[new_name] = sources
+        if layout.describe():
+            made.how[new_name] = f"{layout.describe()} of {sources[0]}"
+        try:
+            if got.array is not None:
+                array = layout.apply(got.array, to_a)
+                made.outputs[new_name] = _Source(array, got.entry if array is got.array else None)
+                return
+            assert got.entry is not None
+            shape = layout.same_bytes_shape(list(got.entry["shape"]), to_a)
+        except ValueError as error:
+            raise MapApplyError(f"{where}: tensor {sources[0]}: {error}") from None
+        if shape is None:
+            made.left_out[new_name] = (f"{sources[0]} is digest-only and the map's {layout.describe()} changes its bytes: "
+                                       "capture it in full to compare")
+        else:
+            made.outputs[new_name] = _Source(None, {**got.entry, "shape": shape})
+
+    def _entry_job(self, made: _Made, entry: _TensorEntry, values: dict[str, str], parts: dict[str, str],
+                   source: Side, target: Side, fetch) -> None:
+        to_a = source == "b"
+        if entry.fused is None:
+            (_, pattern), = entry.parts[target]
+            name = next(iter(parts.values()))
+            self._one(made, pattern.format(values), [name], fetch(name), entry.layout, to_a, entry.where)
+        elif entry.fused == target:
+            self._join(made, entry, values, parts, source, target, fetch)
+        else:
+            self._split(made, entry, values, next(iter(parts.values())), source, target, fetch)
+
+    def _join(self, made: _Made, entry: _TensorEntry, values: dict[str, str], parts: dict[str, str],
+              source: Side, target: Side, fetch) -> None:
+        """Several source tensors -> the target's one fused tensor."""
+        assert entry.split is not None
+        name = entry.parts[target][0][1].format(values)
+        if entry.gathered is not None:
+            order = sorted(parts, key=lambda v: (0, int(v), "") if v.isdigit() else (1, 0, v))
+        else:
+            order = [part for part, _ in entry.parts[source]]
+        names = [parts[part] for part in order if part in parts]
+        made.sources[name] = names
+        made.how[name] = f"{'stack' if entry.split.stack else 'concat'} along axis {entry.split.axis} of " + ", ".join(names)
+        missing = [part for part in order if part not in parts]
+        if missing:
+            pattern = dict(entry.parts[source])[missing[0]]
+            made.left_out[name] = f"part {missing[0]!r} ({pattern.format(values)}) is not in {source.upper()}'s dump"
+            return
+        count = entry.split.count if entry.split.sizes is None else len(entry.split.sizes)
+        if entry.gathered is not None and count is not None and count != len(names):
+            made.left_out[name] = f"{len(names)} parts found ({entry.gathered} = {', '.join(order)}), the map says {count}"
+            return
+        got = [fetch(part) for part in names]
+        if any(g.array is None for g in got):
+            digest_only = next(n for n, g in zip(names, got) if g.array is None)
+            made.left_out[name] = f"{digest_only} is digest-only: joining parts needs full tensors (capture them in full)"
+            return
+        try:
+            arrays = [entry.layout.apply(g.array, source == "b") for g in got if g.array is not None]
+            axis = _axis(entry.split.axis, arrays[0].ndim + entry.split.stack)
+            if entry.split.sizes is not None:
+                sizes = [a.shape[axis] for a in arrays]
+                if sizes != entry.split.sizes:
+                    raise ValueError(f"parts have sizes {sizes} along axis {axis}, the map says {entry.split.sizes}")
+            joined = np.stack(arrays, axis) if entry.split.stack else np.concatenate(arrays, axis)
+        except ValueError as error:
+            raise MapApplyError(f"{entry.where}: tensor {name} (from {', '.join(names)}): {error}") from None
+        made.outputs[name] = _Source(joined, None)
+
+    def _split(self, made: _Made, entry: _TensorEntry, values: dict[str, str], name: str, source: Side,
+               target: Side, fetch) -> None:
+        """The source's one fused tensor -> several target tensors."""
+        assert entry.split is not None
+        got = fetch(name)
+        split = entry.split
+        shape = got.array.shape if got.array is not None else tuple(got.entry["shape"]) if got.entry else ()
+        try:
+            axis = _axis(split.axis, len(shape))
+            if entry.gathered is None:
+                count = len(entry.parts[target])
+            elif split.stack:
+                count = shape[axis]
+            elif split.sizes is not None or split.count is not None:
+                count = len(split.sizes) if split.sizes is not None else split.count  # type: ignore[assignment]
+            else:
+                raise ValueError(f"split into how many parts? give split.count (or sizes) for {entry.gathered}")
+            if split.stack and count != shape[axis]:
+                raise ValueError(f"{count} parts stacked, but axis {axis} has {shape[axis]}")
+            sizes = split.sizes or [shape[axis] // count] * count
+            if split.stack:
+                sizes = [1] * count
+            if sum(sizes) != shape[axis] or (split.sizes is None and shape[axis] % count):
+                raise ValueError(f"axis {axis} has {shape[axis]}, not {'+'.join(map(str, sizes))} "
+                                 f"({'the sizes' if split.sizes else f'{count} equal parts'})")
+        except ValueError as error:
+            raise MapApplyError(f"{entry.where}: tensor {name}: {error}") from None
+        if entry.gathered is None:
+            targets = [pattern.format(values) for _, pattern in entry.parts[target]]
+        else:
+            pattern = entry.parts[target][0][1]
+            targets = [pattern.format({**values, entry.gathered: str(i)}) for i in range(count)]
+        for new_name in targets:
+            made.sources[new_name] = [name]
+            made.how[new_name] = f"part of {name}, split along axis {axis}"
+        if got.array is None:
+            for new_name in targets:
+                made.left_out[new_name] = f"{name} is digest-only: splitting it needs the full tensor (capture it in full)"
+            return
+        bounds = np.cumsum(sizes)[:-1]
+        for new_name, piece in zip(targets, np.split(got.array, bounds, axis)):
+            if split.stack:
+                piece = piece.squeeze(axis)
+            try:
+                made.outputs[new_name] = _Source(np.ascontiguousarray(entry.layout.apply(piece, source == "b")), None)
+            except ValueError as error:
+                raise MapApplyError(f"{entry.where}: tensor {name} (part {new_name}): {error}") from None
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    """A pattern with the captures in `values` filled in, the others left as captures."""
+    return _TOKEN.sub(lambda t: values.get(t["name"], t.group()), text)
+
+
+def _given(layout: Layout | None, default: Layout) -> Layout:
+    return default if layout is None else layout
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for {ndim} axes")
+    return axis % ndim
+
+
+@dataclass
+class _Made:
+    outputs: dict[str, _Source] = field(default_factory=dict)  # entry None: new bytes, digest to compute
+    left_out: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, list[str]] = field(default_factory=dict)
+    how: dict[str, str] = field(default_factory=dict)
+    unmapped: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+# --- loading ------------------------------------------------------------------------------------------
+
+
+def load_map(path: str | Path | None) -> TensorMap:
+    """The map at `path` (None: the identity map); MapError (file:line: field: message) if it is bad."""
+    if path is None:
+        return TensorMap()
+    path = Path(path)
+    data, lines = _read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise MapError(f"{path}:1: (top level): a map is a mapping (format, modules, tensors, ...), got {describe_value(data)}")
+    try:
+        spec = MapSpec.model_validate(data)
+    except ValidationError as error:
+        location, message = validation_problem(error)
+        line, name = _line_and_field(lines, location)
+        raise MapError(_one_line(f"{path}:{line}: {name}: {message.removeprefix('Value error, ')}")) from None
+    return TensorMap(spec, str(path), lines)
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
+
+
+def _read_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
+    """Parsed YAML and the line of each field, with case.py's guards (duplicate keys, depth, aliases)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise MapError(f"{path}: cannot read the map file: {error.strerror or error}") from None
+    if len(raw) > MAX_MAP_BYTES:
+        raise MapError(f"{path}:1: (file): the map file has {len(raw):,} bytes; a map file is at most {MAX_MAP_BYTES:,}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[:error.start].count(b"\n") + 1
+        raise MapError(f"{path}:{line}: (file): not UTF-8 text") from None
+    paths: dict[int, tuple] = {}
+    try:
+        _check_readable_depth(text)
+        loader = CaseLoader(text)
+        try:
+            node = loader.get_single_node()
+            lines, paths = _line_map(node) if node is not None else ({}, {})
+            return (loader.construct_document(node) if node is not None else None), lines
+        finally:
+            loader.dispose()
+    except DuplicateKey as error:
+        name = ".".join(str(p) for p in (*paths.get(id(error.mapping), ()), error.key))
+        raise MapError(_one_line(f"{path}:{error.problem_mark.line + 1 if error.problem_mark else '?'}: {name}: "
+                                 f"{error.problem}")) from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise MapError(_one_line(f"{path}:{line}: (yaml): {getattr(error, 'problem', None) or 'cannot parse'}")) from None
+    except _YamlShape as error:
+        raise MapError(f"{path}:{error.line}: {'.'.join(map(str, error.path)) or '(top level)'}: {error.message}") from None
+    except RecursionError:
+        raise MapError(f"{path}:1: (yaml): nested too deeply to read") from None
