@@ -282,7 +282,7 @@ def _line_map(root: yaml.Node) -> tuple[dict[tuple, int], dict[int, tuple]]:
     return lines, paths
 
 
-def _line_and_field(lines: dict[tuple, int], loc: tuple) -> tuple[int, str]:
+def line_and_field(lines: dict[tuple, int], loc: tuple) -> tuple[int, str]:
     """Longest prefix of a pydantic/family location that exists in the file, and its dotted name."""
     data_loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in tag_names())))
     for n in range(len(data_loc), -1, -1):
@@ -501,10 +501,10 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
             cases.append(case)
     except ValidationError as error:
         location, message = validation_problem(error)
-        line, field = _line_and_field(lines, location)
+        line, field = line_and_field(lines, location)
         raise CaseError(f"{source}:{line}: {field}: {message}{_in_point(point)}") from None
     except FieldProblem as problem:
-        line, field = _line_and_field(lines, problem.path)
+        line, field = line_and_field(lines, problem.path)
         raise CaseError(f"{source}:{line}: {field}: {problem.message}{_in_point(point)}") from None
     except (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError, RecursionError) as error:
         # A shape of input no check above foresaw: still one line, never a traceback.
@@ -633,7 +633,26 @@ def _check_readable_depth(text: str) -> None:
 def load_cases(path: str | Path) -> list[Case]:
     """A case file: one case, or one per sweep point."""
     path = Path(path)
-    text = read_case_text(path)
+    data, lines = read_yaml(path, "case file", CaseError, MAX_CASE_BYTES)
+    return validate_cases(data, str(path), lines)
+
+
+def read_yaml(path: Path, what: str, error_type: type[XfalignError], max_bytes: int) -> tuple[Any, dict[tuple, int]]:
+    """A YAML file of xfalign's (`what`: "case file", "map file") parsed with the guards every such file
+    gets (size, UTF-8, depth, duplicate keys, aliases), and the line of each field: (data, lines). Any
+    problem is an `error_type` of one line naming the file, the line and the field."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise error_type(f"{path}: cannot read {what}: {error.strerror or error}") from None
+    if len(raw) > max_bytes:
+        raise error_type(f"{path}:1: (file): the {what} has {len(raw):,} bytes; a {what} is at most {max_bytes:,}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[:error.start].count(b"\n") + 1
+        raise error_type(f"{path}:{line}: (file): not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+                         f"{error.start}); save the {what} as UTF-8") from None
     paths: dict[int, tuple] = {}
     try:
         _check_readable_depth(text)
@@ -646,34 +665,18 @@ def load_cases(path: str | Path) -> list[Case]:
             loader.dispose()
     except DuplicateKey as error:
         field = ".".join(str(p) for p in (*paths.get(id(error.mapping), ()), error.key))
-        line = error.problem_mark.line + 1 if error.problem_mark else "?"
-        raise CaseError(f"{path}:{line}: {field}: {error.problem}") from None
+        where = error.problem_mark.line + 1 if error.problem_mark else "?"
+        raise error_type(f"{path}:{where}: {field}: {error.problem}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = mark.line + 1 if mark else text[:getattr(error, "position", 0)].count("\n") + 1
         problem = getattr(error, "problem", None) or (str(error).splitlines() or ["cannot parse"])[0]
-        raise CaseError(f"{path}:{line}: (yaml): {problem}") from None
+        raise error_type(f"{path}:{line}: (yaml): {problem}") from None
     except _YamlShape as error:
-        raise CaseError(f"{path}:{error.line}: {'.'.join(map(str, error.path)) or '(top level)'}: {error.message}") from None
+        raise error_type(f"{path}:{error.line}: {'.'.join(map(str, error.path)) or '(top level)'}: {error.message}") from None
     except RecursionError:
-        raise CaseError(f"{path}:1: (yaml): nested too deeply to read (at most {MAX_YAML_DEPTH} levels)") from None
-    return validate_cases(data, str(path), lines)
-
-
-def read_case_text(path: Path) -> str:
-    """A case file's text: readable, at most MAX_CASE_BYTES, UTF-8; else a CaseError of one line."""
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise CaseError(f"{path}: cannot read case file: {error.strerror or error}") from None
-    if len(raw) > MAX_CASE_BYTES:
-        raise CaseError(f"{path}:1: (file): the case file has {len(raw):,} bytes; a case file is at most {MAX_CASE_BYTES:,}")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = raw[:error.start].count(b"\n") + 1
-        raise CaseError(f"{path}:{line}: (file): not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
-                        f"{error.start}); save the case file as UTF-8") from None
+        raise error_type(f"{path}:1: (yaml): nested too deeply to read (at most {MAX_YAML_DEPTH} levels)") from None
+    return data, lines
 
 
 def load_case(path: str | Path) -> Case:

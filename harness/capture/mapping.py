@@ -51,11 +51,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
 from harness.capture.format import TensorName
-from harness.case import CaseLoader, DuplicateKey, _check_readable_depth, _line_and_field, _line_map, _YamlShape
+from harness.case import line_and_field, read_yaml
 from harness.digest import digests_of
 from harness.dump import Dump
 from harness.errors import XfalignError, describe_value, validation_problem
@@ -403,14 +402,14 @@ class TensorMap:
         lines = lines or {}
 
         def where(path: tuple) -> str:
-            return f"{source}:{_line_and_field(lines, path)[0]} ({path[0]}[{path[1]}])"
+            return f"{source}:{line_and_field(lines, path)[0]} ({path[0]}[{path[1]}])"
 
         self.tensor_entries: list[_TensorEntry] = []
         for index, entry_spec in enumerate(self.spec.tensors):
             try:
                 self.tensor_entries.append(_compile_tensor_entry(entry_spec, where(("tensors", index))))
             except _FieldError as problem:
-                line, name = _line_and_field(lines, ("tensors", index, *problem.path))
+                line, name = line_and_field(lines, ("tensors", index, *problem.path))
                 raise MapError(f"{source}:{line}: {name}: {problem.message}") from None
         self.module_entries: list[_ModuleEntry] = []
         for index, module_spec in enumerate(self.spec.modules):
@@ -419,11 +418,11 @@ class TensorMap:
             a_pattern, b_patterns = Pattern.compile(module_spec.a, words=words), [Pattern.compile(t, words=words) for t in b]
             for position, pattern in enumerate(b_patterns):
                 if set(pattern.captures) != set(a_pattern.captures):
-                    line, name = _line_and_field(lines, ("modules", index, "b", *([position] if len(b) > 1 else [])))
+                    line, name = line_and_field(lines, ("modules", index, "b", *([position] if len(b) > 1 else [])))
                     raise MapError(f"{source}:{line}: {name}: captures differ (a: {sorted(a_pattern.captures) or 'none'}, "
                                    f"b: {sorted(pattern.captures) or 'none'})")
             if len(b) > 1 and (module_spec.calls or module_spec.params):
-                line, name = _line_and_field(lines, ("modules", index, "calls" if module_spec.calls else "params"))
+                line, name = line_and_field(lines, ("modules", index, "calls" if module_spec.calls else "params"))
                 raise MapError(f"{source}:{line}: {name}: a layout needs a one-to-one module pair; with several B "
                                "modules give tensor entries")
             self.module_entries.append(_ModuleEntry(where(("modules", index)), a_pattern, b_patterns,
@@ -758,7 +757,7 @@ def load_map(path: str | Path | None) -> TensorMap:
     if path is None:
         return TensorMap()
     path = Path(path)
-    data, lines = _read_yaml(path)
+    data, lines = read_yaml(path, "map file", MapError, MAX_MAP_BYTES)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -767,47 +766,10 @@ def load_map(path: str | Path | None) -> TensorMap:
         spec = MapSpec.model_validate(data)
     except ValidationError as error:
         location, message = validation_problem(error)
-        line, name = _line_and_field(lines, location)
+        line, name = line_and_field(lines, location)
         raise MapError(_one_line(f"{path}:{line}: {name}: {message.removeprefix('Value error, ')}")) from None
     return TensorMap(spec, str(path), lines)
 
 
 def _one_line(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
-
-
-def _read_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
-    """Parsed YAML and the line of each field, with case.py's guards (duplicate keys, depth, aliases)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise MapError(f"{path}: cannot read the map file: {error.strerror or error}") from None
-    if len(raw) > MAX_MAP_BYTES:
-        raise MapError(f"{path}:1: (file): the map file has {len(raw):,} bytes; a map file is at most {MAX_MAP_BYTES:,}")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = raw[:error.start].count(b"\n") + 1
-        raise MapError(f"{path}:{line}: (file): not UTF-8 text") from None
-    paths: dict[int, tuple] = {}
-    try:
-        _check_readable_depth(text)
-        loader = CaseLoader(text)
-        try:
-            node = loader.get_single_node()
-            lines, paths = _line_map(node) if node is not None else ({}, {})
-            return (loader.construct_document(node) if node is not None else None), lines
-        finally:
-            loader.dispose()
-    except DuplicateKey as error:
-        name = ".".join(str(p) for p in (*paths.get(id(error.mapping), ()), error.key))
-        raise MapError(_one_line(f"{path}:{error.problem_mark.line + 1 if error.problem_mark else '?'}: {name}: "
-                                 f"{error.problem}")) from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise MapError(_one_line(f"{path}:{line}: (yaml): {getattr(error, 'problem', None) or 'cannot parse'}")) from None
-    except _YamlShape as error:
-        raise MapError(f"{path}:{error.line}: {'.'.join(map(str, error.path)) or '(top level)'}: {error.message}") from None
-    except RecursionError:
-        raise MapError(f"{path}:1: (yaml): nested too deeply to read") from None
