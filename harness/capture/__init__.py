@@ -8,8 +8,12 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     # lazy: harness.dump imports harness.capture.format, and the API imports harness.dump
-    if name in ("capture", "Capture"):
+    if name in ("capture", "Capture", "CaptureError"):
         from harness.capture import api
 
         return getattr(api, name)
+    if name in ("read_tree", "Tree", "TreeError"):
+        from harness.capture import tree
+
+        return getattr(tree, name)
     raise AttributeError(name)

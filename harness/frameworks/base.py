@@ -105,6 +105,60 @@ class FrameworkAdapter(ABC):
         """Settings an op may change while it runs: read right after its forward and backward."""
         return {}
 
+    # -- capture inside models (harness.capture) -------------------------------------------------------
+    # A framework that supports capture overrides these; the defaults say it does not.
+
+    def owns_model(self, model: Any) -> bool:
+        """Whether `model` is a module of this framework (checked without importing the framework)."""
+        return False
+
+    def named_modules(self, model: Any) -> list[tuple[str, Any]]:
+        """Every module of `model`, the model itself first (name ""), in the model's order, each once."""
+        raise NotImplementedError(f"{self.name}: capture is not supported")
+
+    def own_parameters(self, module: Any) -> list[tuple[str, Any]]:
+        """The parameters `module` holds itself (not those of its submodules)."""
+        raise NotImplementedError(f"{self.name}: capture is not supported")
+
+    def load_parameter(self, param: Any, array: np.ndarray) -> None:
+        """Overwrite `param` in place with the array's exact bits (same dtype and shape): replay loads the
+        other side's parameters this way."""
+        raise NotImplementedError(f"{self.name}: cannot load parameters")
+
+    def hook_module(self, module: Any, before: Callable, after: Callable) -> list[Callable[[], object]]:
+        """Call before(module, args, kwargs) when a call of `module` starts and after(module, args, kwargs,
+        output) when it returns; returns the functions that remove the hooks."""
+        raise NotImplementedError(f"{self.name}: capture is not supported")
+
+    def hook_grad(self, tensor: Any, on_grad: Callable[[Any], None]) -> Callable[[], object]:
+        """Call on_grad(gradient) when the gradient of `tensor` is computed in a backward pass (the
+        gradient is left as it is); returns the function that removes the hook."""
+        raise NotImplementedError(f"{self.name}: capture is not supported")
+
+    def parameter_grad(self, param: Any) -> Any | None:
+        """The gradient a training step accumulated for `param`: main_grad where the framework or the
+        training code keeps one (Megatron, PaddleFleet), else .grad; None when there is none."""
+        main_grad = getattr(param, "main_grad", None)
+        return main_grad if main_grad is not None else self.grad_of(param)
+
+    def host_copy(self, tensor: Any) -> np.ndarray:
+        """The tensor's exact bits as a numpy array that owns its memory (later in-place updates of the
+        tensor do not reach it): a device tensor is copied to the host once."""
+        return np.array(self.to_numpy(tensor), copy=True)
+
+    def tensor_version(self, tensor: Any) -> int | None:
+        """A counter the framework bumps on every in-place change of the tensor (None: no such counter):
+        a tensor recorded twice in a step (a module's output is its parent's) is hashed once while it holds."""
+        return None
+
+    def model_device(self, model: Any) -> str:
+        """Where the model's parameters are: "cpu" or "cuda"."""
+        return "cpu"
+
+    def distributed(self) -> tuple[int, int] | None:
+        """(rank, world size) when the framework's distributed environment is initialized, else None."""
+        return None
+
 
 def outputs_in_order(result: Any, names: list[str]) -> tuple:
     """A forward's result as a tuple (a dict's values in its order), remembering the dict's keys in names."""

@@ -3,6 +3,8 @@ execution modes (dygraph) and no default implementation (a side names its varian
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from harness.fingerprint import nvidia_smi
@@ -127,6 +129,49 @@ class PaddleAdapter(FrameworkAdapter):
         return apply
 
     # Paddle has no deterministic-algorithms switch to turn on here: the base class's no-op context.
+
+    # -- capture inside models (harness.capture) -------------------------------------------------------
+
+    def owns_model(self, model) -> bool:
+        paddle = sys.modules.get("paddle")  # a model of Paddle's means Paddle is loaded already
+        return paddle is not None and isinstance(model, paddle.nn.Layer)
+
+    def named_modules(self, model) -> list:
+        return list(model.named_sublayers(include_self=True))  # the model first (""), shared layers once
+
+    def own_parameters(self, module) -> list:
+        return list(module.named_parameters(include_sublayers=False))
+
+    def load_parameter(self, param, array: np.ndarray) -> None:
+        param.set_value(self.to_tensor(array, "cpu", False))
+
+    def hook_module(self, module, before, after) -> list:
+        handles = [module.register_forward_pre_hook(lambda m, args, kwargs: before(m, args, kwargs), with_kwargs=True),
+                   module.register_forward_post_hook(lambda m, args, kwargs, out: after(m, args, kwargs, out),
+                                                     with_kwargs=True)]
+        return [handle.remove for handle in handles]
+
+    def hook_grad(self, tensor, on_grad):
+        def hook(grad):
+            on_grad(grad)  # returns None: the gradient goes on unchanged
+
+        return tensor.register_hook(hook).remove
+
+    def host_copy(self, tensor) -> np.ndarray:
+        return self.to_numpy(tensor)  # Tensor.numpy() copies (from the device too)
+
+    def tensor_version(self, tensor) -> int | None:
+        return tensor.inplace_version
+
+    def model_device(self, model) -> str:
+        param = next(iter(model.parameters()), None)
+        return "cuda" if param is not None and param.place.is_gpu_place() else "cpu"
+
+    def distributed(self) -> tuple[int, int] | None:
+        paddle = sys.modules.get("paddle")
+        if paddle is None or not paddle.distributed.is_initialized():
+            return None
+        return paddle.distributed.get_rank(), paddle.distributed.get_world_size()
 
     # -- what decides the bits ------------------------------------------------------------------------
 

@@ -195,6 +195,52 @@ class TorchAdapter(FrameworkAdapter):
         finally:
             torch.use_deterministic_algorithms(previous)
 
+    # -- capture inside models (harness.capture) -------------------------------------------------------
+
+    def owns_model(self, model) -> bool:
+        torch = sys.modules.get("torch")  # a model of torch's means torch is loaded already
+        return torch is not None and isinstance(model, torch.nn.Module)
+
+    def named_modules(self, model) -> list:
+        return list(model.named_modules())  # the model first (""), shared modules once
+
+    def own_parameters(self, module) -> list:
+        return list(module.named_parameters(recurse=False))
+
+    def load_parameter(self, param, array: np.ndarray) -> None:
+        import torch
+
+        with torch.no_grad():
+            param.copy_(self.to_tensor(array, param.device.type, False))
+
+    def hook_module(self, module, before, after) -> list:
+        handles = [module.register_forward_pre_hook(lambda m, args, kwargs: before(m, args, kwargs), with_kwargs=True),
+                   module.register_forward_hook(lambda m, args, kwargs, out: after(m, args, kwargs, out), with_kwargs=True)]
+        return [handle.remove for handle in handles]
+
+    def hook_grad(self, tensor, on_grad):
+        def hook(grad):
+            on_grad(grad)  # returns None: the gradient goes on unchanged
+
+        return tensor.register_hook(hook).remove
+
+    def host_copy(self, tensor) -> np.ndarray:
+        array = self.to_numpy(tensor)
+        return array if tensor.device.type != "cpu" else array.copy()  # .cpu() made a copy already
+
+    def tensor_version(self, tensor) -> int | None:
+        return tensor._version
+
+    def model_device(self, model) -> str:
+        param = next(model.parameters(), None)
+        return "cuda" if param is not None and param.device.type == "cuda" else "cpu"
+
+    def distributed(self) -> tuple[int, int] | None:
+        distributed = sys.modules.get("torch.distributed")
+        if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+            return None
+        return distributed.get_rank(), distributed.get_world_size()
+
     # -- what decides the bits ------------------------------------------------------------------------
 
     def fingerprint(self, device: str, profile) -> dict:

@@ -1,0 +1,411 @@
+"""`capture(model, path, ...)`: hooks on a model's modules that record, per training step, every selected
+module's inputs, outputs, output gradients, parameters (at the start of the step) and parameter gradients
+(when `step()` is called), and write each step as an xfalign dump (the tree in harness.capture.format).
+
+    with capture(model, "dumps/side-a", mode="digest") as cap:
+        for batch in batches:
+            loss = model(batch).sum(); loss.backward()
+            cap.step()                      # before the gradients are zeroed
+            optimizer.step(); optimizer.zero_grad()
+
+Forward records are in the order calls return (a module's after those of the modules it calls), so the
+first divergent output in record order is the earliest computed one; backward records in the order the
+gradients arrive. The framework is found by the adapters (harness.frameworks), which own the hook code.
+Tensors are copied to the host in the hooks and hashed (digest modes) on a thread pool while the step
+goes on; `step()` waits for that work before it writes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from harness import __version__, fingerprint
+from harness.atomic import remove_tree, write_text_atomic
+from harness.capture.format import (
+    CAPTURE_FORMAT,
+    MANIFEST_FILE,
+    MODES,
+    ROOT,
+    CaptureInfo,
+    CaptureManifest,
+    ModuleInfo,
+    Record,
+    call_tensor,
+    param_tensor,
+    rank_folder,
+    step_folder,
+)
+from harness.capture.stats import digest_entry, tensor_stats
+from harness.capture.tree import read_tree
+from harness.dtypes import dtype_name
+from harness.dump import Dump, DumpTargetError
+from harness.errors import XfalignError
+from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
+
+
+class CaptureError(XfalignError):
+    """A capture that cannot start: a model no framework adapter knows, a bad mode, selection or refetch list."""
+
+
+def adapter_of(model: Any) -> FrameworkAdapter:
+    """The framework adapter whose framework `model` is a module of."""
+    for name in known_frameworks():
+        adapter = adapter_for(name)
+        if adapter.owns_model(model):
+            return adapter
+    raise CaptureError(f"capture: a {type(model).__module__}.{type(model).__name__} is not a module of any known "
+                       f"framework ({', '.join(known_frameworks())})")
+
+
+def load_refetch(refetch: str | Path | Sequence[str] | None, side: str) -> list[str]:
+    """The module globs whose tensors a "digests-then-full" capture keeps in full: a list, or a YAML file
+    holding a list or a mapping side name -> list (what `xfalign compare --refetch` writes)."""
+    if refetch is None:
+        return []
+    if not isinstance(refetch, (str, Path)):
+        globs, where = list(refetch), "refetch"
+    else:
+        where = str(refetch)
+        try:
+            globs = yaml.safe_load(Path(refetch).read_text(encoding="utf-8"))
+        except OSError as error:
+            raise CaptureError(f"{where}: cannot read the refetch list: {error.strerror or error}") from None
+        except yaml.YAMLError as error:
+            raise CaptureError(f"{where}: not valid YAML: {str(error).splitlines()[0]}") from None
+        if isinstance(globs, dict):
+            if side not in globs:
+                raise CaptureError(f"{where}: lists modules of the sides {', '.join(map(str, globs))}, not of {side!r}")
+            where, globs = f"{where}: {side}", globs[side] or []
+    if not isinstance(globs, list) or not all(isinstance(glob, str) for glob in globs):
+        raise CaptureError(f"{where}: expected a list of module globs (or a mapping side -> list)")
+    return globs
+
+
+def _module_name(path: str) -> str:
+    return path or ROOT
+
+
+def _owner(path: str, selected: set[str]) -> str | None:
+    """The nearest selected module at or above the dotted `path` ("" is the model)."""
+    while True:
+        if path in selected:
+            return path
+        if not path:
+            return None
+        path = path.rpartition(".")[0]
+
+
+@dataclass
+class _Step:
+    """What one step has recorded so far."""
+
+    records: list[tuple[str, int | None, str, list[str]]] = field(default_factory=list)
+    results: dict[str, tuple[np.ndarray | None, Future]] = field(default_factory=dict)  # name -> (stored, work)
+    calls: dict[str, int] = field(default_factory=dict)  # module -> calls begun
+    open_calls: dict[str, list[tuple[int, list[str]]]] = field(default_factory=dict)  # module -> (call, inputs)
+    backward: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # its record's tensor list
+    grad_hooks: list = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # tensors of dtypes no dump holds: "name (dtype)"
+    seen: dict[int, tuple] = field(default_factory=dict)  # id(tensor) -> (weak reference, version, full, name)
+    started: bool = False  # parameters recorded (by the first hook of the step)
+
+
+class Capture:
+    """The context manager `capture()` returns; see the module's note."""
+
+    def __init__(self, model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
+                 types: Iterable[str | type] | None = None, side: str | None = None,
+                 refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
+                 threads: int | None = None):
+        if mode not in MODES:
+            raise CaptureError(f"capture: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        self.model, self.path, self.mode = model, Path(path), mode
+        self.adapter = adapter_of(model)
+        self.side = side or self.adapter.name
+        self.module_globs = list(modules or [])
+        self.types = list(types or [])
+        self.refetch = load_refetch(refetch, self.side) if mode == "digests-then-full" else []
+        if refetch is not None and mode != "digests-then-full":
+            raise CaptureError(f"capture: refetch needs mode 'digests-then-full', not {mode!r}")
+        self.provenance = provenance
+        self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
+        self.steps_written: list[str] = []
+        self.rank: int | None = None
+        self.world_size: int | None = None
+        self._lock = threading.Lock()
+        self._removers: list = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._step = _Step()
+
+    # -- setup ------------------------------------------------------------------------------------------
+
+    def _select(self) -> None:
+        all_modules = self.adapter.named_modules(self.model)
+        names, classes = [t for t in self.types if isinstance(t, str)], tuple(t for t in self.types if isinstance(t, type))
+
+        def chosen(path: str, module: Any) -> bool:
+            if any(fnmatch.fnmatchcase(_module_name(path), glob) for glob in self.module_globs):
+                return True
+            return isinstance(module, classes) or any(c.__name__ in names for c in type(module).__mro__)
+
+        self.modules = {path: module for path, module in all_modules if chosen(path, module)}
+        if not self.modules:
+            raise CaptureError(f"capture: no module of the {type(self.model).__name__} matches modules="
+                               f"{self.module_globs} types={[getattr(t, '__name__', t) for t in self.types]}")
+        selected = set(self.modules)
+        parents = {path: _owner(path.rpartition(".")[0], selected) if path else None for path in self.modules}
+        self.infos = [ModuleInfo(name=_module_name(path), type=type(module).__name__,
+                                 parent=None if parents[path] is None else _module_name(parents[path] or ""))
+                      for path, module in self.modules.items()]
+        # every parameter belongs to the nearest selected module above it (named relative to it)
+        self.params: dict[str, list[tuple[str, Any]]] = {}
+        seen: set[int] = set()
+        for path, module in all_modules:
+            owner = _owner(path, selected)
+            for name, param in self.adapter.own_parameters(module):
+                if owner is None or id(param) in seen:
+                    continue
+                seen.add(id(param))
+                relative = path[len(owner):].lstrip(".")
+                self.params.setdefault(owner, []).append((f"{relative}.{name}" if relative else name, param))
+        self.full = {path: self.mode == "full" or any(fnmatch.fnmatchcase(_module_name(path), glob) for glob in self.refetch)
+                     for path in self.modules}
+
+    def _prepare_folder(self) -> None:
+        folder = self.folder
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise DumpTargetError(f"capture {folder}: exists and is not a folder")
+        if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST_FILE).is_file():
+            raise DumpTargetError(f"capture {folder}: exists and is not a capture tree (no {MANIFEST_FILE}); "
+                                  f"refusing to write there")
+        if (folder / MANIFEST_FILE).is_file():  # an earlier capture of this side is replaced
+            earlier = read_tree(folder).manifest
+            if earlier.side != self.side:
+                raise DumpTargetError(f"capture {folder}: holds a capture of side {earlier.side!r}, not {self.side!r}; "
+                                      f"refusing to replace it")
+            for old in sorted(folder.glob("step-[0-9]*")):
+                remove_tree(old)
+
+    def _write_manifest(self) -> None:
+        manifest = CaptureManifest.model_validate({
+            "format": CAPTURE_FORMAT, "xfalign": __version__, "side": self.side, "framework": self.adapter.name,
+            "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": self.steps_written})
+        write_text_atomic(self.folder / MANIFEST_FILE, manifest.model_dump_json(indent=1) + "\n")
+
+    def _environment(self) -> dict:
+        from harness.numerics import NumericsProfile, environment_class
+
+        profile = NumericsProfile(name="unpinned", description="the training script's own process")
+        device = self.adapter.model_device(self.model)
+        return (fingerprint.common(profile.name) | self.adapter.fingerprint(device, profile)
+                | self.adapter.runtime_fingerprint(device) | {"environment_class": environment_class(profile, [device])})
+
+    def __enter__(self) -> Capture:
+        self.rank, self.world_size = self.adapter.distributed() or (None, None)
+        many = self.world_size is not None and self.world_size > 1
+        self.folder = self.path / rank_folder(self.rank or 0) if many else self.path
+        self.root = type(self.model).__name__
+        self._select()
+        self._prepare_folder()
+        self.environment = self._environment()
+        self._tensor = self.adapter.tensor_type()
+        self._write_manifest()
+        self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="xfalign-capture")
+        try:
+            for path, module in self.modules.items():
+                self._removers += self.adapter.hook_module(
+                    module, lambda m, args, kwargs, path=path: self._before(path, args, kwargs),
+                    lambda m, args, kwargs, out, path=path: self._after(path, out))
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        try:
+            if kind is None and (self._step.started or self._step.records):
+                self.step()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Remove every hook; work of an unfinished step is dropped."""
+        for remove in self._removers + self._step.grad_hooks:
+            remove()
+        self._removers, self._step = [], _Step()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    # -- recording (called from the hooks) ----------------------------------------------------------------
+
+    def _leaves(self, value: Any, slot: str, found: list[tuple[str, Any]], counter: list[int] | None) -> None:
+        """Tensor leaves of `value`: numbered from counter[0] on (positional), or named slot[.j] (keyword)."""
+        if isinstance(value, self._tensor):
+            if counter is not None:
+                found.append((str(counter[0]), value))
+                counter[0] += 1
+            else:
+                found.append((slot, value))
+        elif isinstance(value, (tuple, list, dict)):
+            items = value.values() if isinstance(value, dict) else value
+            for j, item in enumerate(items):
+                self._leaves(item, f"{slot}.{j}", found, counter)
+
+    def _submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
+        """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
+        (and a note in the step's meta) for a dtype no dump holds."""
+        full, version = self.full[path], self.adapter.tensor_version(tensor)
+        seen = step.seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1:] == (version, full):
+            step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
+            return name
+        array = self.adapter.host_copy(tensor)
+        try:
+            dtype_name(array.dtype)
+        except ValueError:
+            step.skipped.append(f"{name} ({array.dtype})")
+            return None
+        assert self._pool is not None
+        step.results[name] = (array, self._pool.submit(tensor_stats, array)) if full else \
+            (None, self._pool.submit(digest_entry, array))
+        if version is not None:
+            try:
+                step.seen[id(tensor)] = (weakref.ref(tensor), version, full, name)
+            except TypeError:  # a tensor type without weak references: hashed each time
+                pass
+        return name
+
+    def _start(self, step: _Step) -> None:
+        """The step's first hook: every selected module's parameters, as they are before it runs."""
+        step.started = True
+        for path, params in self.params.items():
+            names = [submitted for name, param in params
+                     if (submitted := self._submit(step, param_tensor(_module_name(path), "param", name), param, path))]
+            step.records.append((_module_name(path), None, "params", names))
+
+    def _before(self, path: str, args: tuple, kwargs: dict) -> None:
+        step = self._step
+        with self._lock:
+            if not step.started:
+                self._start(step)
+            call = step.calls.get(path, 0)
+            step.calls[path] = call + 1
+        leaves: list[tuple[str, Any]] = []
+        self._leaves(args, "", leaves, [0])
+        for key, value in (kwargs or {}).items():
+            self._leaves(value, str(key), leaves, None)
+        module = _module_name(path)
+        names = [name for slot, tensor in leaves
+                 if (name := self._submit(step, call_tensor(module, call, "input", slot), tensor, path)) is not None]
+        step.open_calls.setdefault(path, []).append((call, names))
+
+    def _after(self, path: str, output: Any) -> None:
+        step = self._step
+        if not step.open_calls.get(path):
+            return  # the call began before the capture did
+        call, names = step.open_calls[path].pop()
+        leaves: list[tuple[str, Any]] = []
+        self._leaves(output, "", leaves, [0])
+        module = _module_name(path)
+        for slot, tensor in leaves:
+            name = self._submit(step, call_tensor(module, call, "output", slot), tensor, path)
+            if name is not None:
+                names.append(name)
+            if self.adapter.tracks_grad(tensor):
+                step.grad_hooks.append(self.adapter.hook_grad(tensor, self._grad_hook(step, path, call, slot)))
+        with self._lock:
+            step.records.append((module, call, "forward", names))
+
+    def _grad_hook(self, step: _Step, path: str, call: int, slot: str):
+        name = call_tensor(_module_name(path), call, "grad_output", slot)
+        return lambda grad: self._on_grad(step, (path, call), name, grad)
+
+    def _on_grad(self, step: _Step, key: tuple[str, int], name: str, grad: Any) -> None:
+        if step is not self._step or name in step.results or grad is None:
+            return  # a later backward through a retained graph: the first gradient is the one recorded
+        if self._submit(step, name, grad, key[0]) is None:
+            return
+        with self._lock:
+            if key not in step.backward:
+                step.backward[key] = []
+                step.records.append((_module_name(key[0]), key[1], "backward", step.backward[key]))
+            step.backward[key].append(name)
+
+    # -- writing ------------------------------------------------------------------------------------------
+
+    def step(self) -> Path:
+        """End the step: record the parameter gradients, wait for the hashing, write step-0000k (atomic)
+        and the manifest. Call it after the backward pass and before the gradients are zeroed."""
+        step = self._step
+        if self._pool is None:
+            raise CaptureError("capture: step() called outside the `with capture(...)` block")
+        with self._lock:
+            if not step.started:
+                self._start(step)
+            for path, params in self.params.items():
+                grads = [(name, self.adapter.parameter_grad(param)) for name, param in params]
+                names = [submitted for name, grad in grads if grad is not None and
+                         (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path))]
+                if names:
+                    step.records.append((_module_name(path), None, "grads", names))
+            self._step = _Step()  # hooks from here on record the next step
+        for remove in step.grad_hooks:
+            remove()
+        index = len(self.steps_written)
+        folder = self._dump(step, index).write(self.folder / step_folder(index))
+        self.steps_written.append(folder.name)
+        self._write_manifest()
+        return folder
+
+    def _dump(self, step: _Step, index: int) -> Dump:
+        tensors: dict[str, np.ndarray] = {}
+        unstored: dict[str, dict] = {}
+        stats: dict[str, dict] = {}
+        order = [name for *_, names in step.records for name in names]
+        for name in order:
+            array, work = step.results[name]
+            if array is None:
+                unstored[name] = work.result()
+            else:
+                tensors[name], stats[name] = array, work.result()
+        info = CaptureInfo.model_validate({
+            "step": index, "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root,
+            "modules": self.infos,
+            "records": [Record.model_validate({"module": m, "call": c, "phase": p, "tensors": n}) for m, c, p, n in step.records]})
+        meta = {"case": {}, "case_name": "capture", "side": self.side, "framework": self.adapter.name, "impl": self.root,
+                "provenance": self.provenance or self._provenance(), "environment": self.environment, "inputs": {},
+                "capture": info.model_dump(mode="json")}
+        if step.skipped:
+            meta["notes"] = {"capture": f"not recorded (a dtype xfalign dumps do not hold): {', '.join(step.skipped)}"}
+        return Dump(meta, tensors, unstored=unstored, stats=stats, order=order)
+
+    def _provenance(self) -> str:
+        script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else "an interactive session"
+        chosen = ", ".join(self.module_globs + [getattr(t, "__name__", str(t)) for t in self.types])
+        return f"capture ({self.mode}) of {self.root} modules [{chosen}] by {script}"
+
+
+def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
+            types: Iterable[str | type] | None = None, side: str | None = None,
+            refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
+            threads: int | None = None) -> Capture:
+    """Capture `model` (a module of any framework whose adapter supports capture) into the tree at `path`; see the module's
+    note. modules: fnmatch globs on module paths ("(root)" is the model); types: class names or classes,
+    selected as well; side: the name in the dumps (default: the framework adapter's name);
+    refetch (mode "digests-then-full"): the module globs, or the YAML file listing them, kept in full;
+    threads: the hashing pool's size."""
+    return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
+                   provenance=provenance, threads=threads)

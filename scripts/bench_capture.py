@@ -1,0 +1,99 @@
+"""Capture overhead: the step time (forward + backward) of a megatron-core MLP without capture, with capture
+in digest mode and with full capture, interleaved in one run (the variants take turns each round, so that
+load from other processes hits them alike); medians, and each capture's ratio to the plain step.
+
+    python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
+
+The model: megatron.core.transformer.mlp.MLP (ColumnParallelLinear -> bias SwiGLU -> RowParallelLinear), TP=1
+in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2). A captured step is
+forward + backward + cap.step() (which waits for the hashing and writes the step's dump); entering and
+leaving the capture are not timed. bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
+The issue's target: digest mode <= 1.5x the plain step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from harness.capture import capture
+from harness.ops.megatron_group import one_process_group
+
+
+def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
+    config = TransformerConfig(num_layers=1, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=4,
+                               gated_linear_unit=True, activation_func=F.silu, add_bias_linear=True,
+                               bias_activation_fusion=True, bf16=dtype == torch.bfloat16, params_dtype=dtype,
+                               use_cpu_initialization=True, hidden_dropout=0.0, gradient_accumulation_fusion=False)
+    return MLP(config, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
+    output, bias = model(x)
+    (output + bias).backward(grad)
+
+
+def timed(model, x, grad, mode: str | None, folder: Path) -> float:
+    for param in model.parameters():
+        param.grad = None
+    if mode is None:
+        start = time.perf_counter()
+        train_step(model, x, grad)
+        return time.perf_counter() - start
+    with capture(model, folder / mode, mode=mode) as cap:
+        start = time.perf_counter()
+        train_step(model, x, grad)
+        cap.step()
+        seconds = time.perf_counter() - start
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--tokens", type=int, default=512, help="sequence length x batch")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    torch.compiler.set_stance("force_eager")
+    torch.manual_seed(0)
+    load = os.getloadavg()
+    modes: list[str | None] = [None, "digest", "full"]
+    times: dict[str | None, list[float]] = {mode: [] for mode in modes}
+    with one_process_group("cpu"), tempfile.TemporaryDirectory() as tmp:
+        model = build(args.hidden, args.ffn, dtype)
+        x = torch.randn(args.tokens, 1, args.hidden).to(dtype).requires_grad_()
+        grad = torch.randn(args.tokens, 1, args.hidden).to(dtype)
+        for mode in modes:  # warm-up: first calls, allocator, the capture's imports
+            timed(model, x, grad, mode, Path(tmp))
+        for round_ in range(args.rounds):
+            for mode in modes[round_ % 3:] + modes[:round_ % 3]:  # a different variant first each round
+                times[mode].append(timed(model, x, grad, mode, Path(tmp)))
+        written = sum(f.stat().st_size for f in (Path(tmp) / "full").rglob("*") if f.is_file())
+    params = sum(p.numel() for p in model.parameters())
+    plain = statistics.median(times[None])
+    print(f"megatron-core MLP hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, "
+          f"{params:,} parameters, {torch.get_num_threads()} torch threads; median of {args.rounds} rounds")
+    print(f"full capture writes {written / 2**20:.1f} MiB per step; load average before {load[0]:.2f}, after "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")
+    for mode in modes:
+        median = statistics.median(times[mode])
+        label = "no capture" if mode is None else f"capture, {mode}"
+        print(f"  {label:<18} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
+              f"(min {min(times[mode]) * 1e3:.1f}, max {max(times[mode]) * 1e3:.1f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""Capture inside real models (harness.capture.api): torch modules, a megatron-core ColumnParallelLinear and
+a Paddle layer; record order, call counts, gradients against hand-computed values, the three modes, hooks
+removed, the tree on disk and its reader."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.capture import capture
+from harness.capture.api import CaptureError
+from harness.capture.format import TensorName
+from harness.capture.tree import TreeError, read_tree
+from harness.digest import Digest
+from harness.dump import DumpTargetError
+
+# torch, paddle and megatron-core are imported by the first test that needs them, not at collection (see
+# tests/test_rmsnorm.py); the group keeps the in-process framework tests in one test process.
+pytestmark = pytest.mark.xdist_group("in_process_frameworks")
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def paddle():
+    return pytest.importorskip("paddle")
+
+
+def integers(rng, shape, low=-3, high=4):
+    """Small integers as float32: every product and sum below is exact, so hand-computed == autograd."""
+    return rng.integers(low, high, size=shape).astype(np.float32)
+
+
+def torch_model(torch, rng):
+    """inner (a Linear) called twice per forward, then head (a Linear): weights of small integers."""
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(3, 3)
+            self.head = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.head(self.inner(self.inner(x)))
+
+    model = Model()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.from_numpy(integers(rng, tuple(param.shape), -1, 2)))
+    return model
+
+
+def records(dump):
+    return [(r["module"], r["call"], r["phase"]) for r in dump.meta["capture"]["records"]]
+
+
+def test_torch_full_records_in_execution_order_with_call_counts_and_exact_gradients(torch, tmp_path):
+    rng = np.random.default_rng(0)
+    model = torch_model(torch, rng)
+    w_inner, b_inner = model.inner.weight.detach().numpy().copy(), model.inner.bias.detach().numpy().copy()
+    w_head, b_head = model.head.weight.detach().numpy().copy(), model.head.bias.detach().numpy().copy()
+    x, g = integers(rng, (4, 3)), integers(rng, (4, 2))
+    with capture(model, tmp_path / "tree", mode="full") as cap:
+        for _ in range(2):
+            out = model(torch.from_numpy(x).requires_grad_())
+            out.backward(torch.from_numpy(g))
+            cap.step()
+            with torch.no_grad():  # SGD, lr 1, after step(): step 1 starts from the updated weights
+                for param in model.parameters():
+                    param -= param.grad
+                    param.grad = None
+
+    tree = read_tree(tmp_path / "tree")
+    assert tree.steps == ["step-00000", "step-00001"] and tree.ranks == {}
+    assert tree.manifest.side == "megatron" and tree.manifest.root == "Model" and tree.manifest.rank is None
+    step = tree.step(0)
+    assert records(step) == [
+        ("inner", None, "params"), ("head", None, "params"),
+        ("inner", 0, "forward"), ("inner", 1, "forward"), ("head", 0, "forward"), ("(root)", 0, "forward"),
+        # head's output is the model's: its hooks fire in the order they were added (head's first)
+        ("head", 0, "backward"), ("(root)", 0, "backward"), ("inner", 1, "backward"), ("inner", 0, "backward"),
+        ("inner", None, "grads"), ("head", None, "grads")]
+    assert step.order == [n for r in step.meta["capture"]["records"] for n in r["tensors"]]
+    assert [m["name"] for m in step.meta["capture"]["modules"]] == ["(root)", "inner", "head"]
+    assert step.meta["capture"]["modules"][1]["parent"] == "(root)"
+    # forward, by hand: h0 = x W^T + b, h1 = h0 W^T + b, out = h1 Wh^T + bh
+    t = step.tensors
+    h0 = x @ w_inner.T + b_inner
+    h1 = h0 @ w_inner.T + b_inner
+    assert np.array_equal(t["inner#0:input.0"], x) and np.array_equal(t["inner#0:output.0"], h0)
+    assert np.array_equal(t["inner#1:input.0"], h0) and np.array_equal(t["head#0:output.0"], h1 @ w_head.T + b_head)
+    # backward, by hand
+    g1 = g @ w_head
+    g0 = g1 @ w_inner
+    assert np.array_equal(t["(root)#0:grad_output.0"], g) and np.array_equal(t["head#0:grad_output.0"], g)
+    assert np.array_equal(t["inner#1:grad_output.0"], g1) and np.array_equal(t["inner#0:grad_output.0"], g0)
+    assert np.array_equal(t["head:grad.weight"], g.T @ h1) and np.array_equal(t["head:grad.bias"], g.sum(0))
+    assert np.array_equal(t["inner:grad.weight"], g1.T @ h0 + g0.T @ x)
+    assert np.array_equal(t["inner:grad.bias"], g1.sum(0) + g0.sum(0))
+    # parameters at the start of each step
+    assert np.array_equal(t["inner:param.weight"], w_inner)
+    assert np.array_equal(tree.step(1).tensors["inner:param.weight"], w_inner - (g1.T @ h0 + g0.T @ x))
+    assert step.stats["inner:grad.bias"]["max"] == float((g1.sum(0) + g0.sum(0)).max())
+    assert step.meta["framework"] == "megatron" and step.meta["impl"] == "Model" and step.meta["environment"]["torch"]
+
+
+def test_digest_mode_stores_nothing_and_its_md5s_are_those_of_the_full_tensors(torch, tmp_path):
+    rng = np.random.default_rng(1)
+    model = torch_model(torch, rng)
+    x = integers(rng, (5, 3))
+    for mode in ("full", "digest"):
+        with capture(model, tmp_path / mode, mode=mode):
+            model(torch.from_numpy(x).requires_grad_()).sum().backward()
+        model.zero_grad()
+    full, digest = read_tree(tmp_path / "full").step(0), read_tree(tmp_path / "digest").step(0)
+    assert len(digest.tensors) == 0 and list(digest.unstored) == digest.order == full.order
+    for name, array in full.tensors.items():
+        assert digest.unstored[name]["md5"] == Digest.of(array).md5 == full.digests[name].md5
+        assert digest.digests[name] == full.digests[name]
+        stats = digest.unstored[name]["stats"]
+        values = array.astype(np.float64)
+        assert stats == full.stats[name]
+        assert (stats["min"], stats["max"], stats["nan"], stats["inf"]) == (values.min(), values.max(), 0, 0)
+        assert stats["norm"] == pytest.approx(np.linalg.norm(values)) and stats["mean"] == pytest.approx(values.mean())
+    assert read_tree(tmp_path / "digest").manifest.mode == "digest"
+
+
+def test_stats_count_nan_and_inf_and_skip_them():
+    from harness.capture.stats import tensor_stats
+
+    stats = tensor_stats(np.array([1.0, np.nan, -np.inf, 3.0, np.inf], dtype=np.float32))
+    assert stats == {"min": 1.0, "max": 3.0, "mean": 2.0, "norm": pytest.approx(10 ** 0.5), "nan": 1, "inf": 2}
+    assert tensor_stats(np.array([np.nan], dtype=np.float32))["min"] is None
+
+
+def test_refetch_keeps_the_listed_modules_in_full_and_the_rest_as_digests(torch, tmp_path):
+    model = torch_model(torch, np.random.default_rng(2))
+    listed = tmp_path / "refetch.yaml"
+    listed.write_text(yaml.safe_dump({"megatron": ["head"], "paddle": ["lm_head"]}))  # compare --refetch's form
+    for name, refetch in (("list", ["hea?"]), ("file", listed)):
+        with capture(model, tmp_path / name, mode="digests-then-full", refetch=refetch):
+            model(torch.ones(2, 3)).sum().backward()
+        step = read_tree(tmp_path / name).step(0)
+        assert sorted(step.tensors) == sorted(n for n in step.order if TensorName.parse(n).module == "head")
+        assert "inner#0:output.0" in step.unstored and "head:grad.weight" in step.tensors
+    with pytest.raises(CaptureError, match="not of 'other'"):
+        capture(model, tmp_path / "x", mode="digests-then-full", refetch=listed, side="other")
+    with pytest.raises(CaptureError, match="needs mode"):
+        capture(model, tmp_path / "x", mode="digest", refetch=["head"])
+
+
+def test_selection_by_glob_and_type_and_keyword_inputs(torch, tmp_path):
+    model = torch_model(torch, np.random.default_rng(3))
+    with capture(model, tmp_path / "glob", modules=["head"]):
+        model(torch.ones(2, 3))
+    step = read_tree(tmp_path / "glob").step(0)
+    assert records(step) == [("head", None, "params"), ("head", 0, "forward")]
+    assert step.meta["capture"]["modules"] == [{"name": "head", "type": "Linear", "parent": None}]
+    # by type only; a parent selected without its children takes their parameters
+    with capture(model, tmp_path / "type", modules=[], types=["Sequential", torch.nn.Linear]):
+        model(torch.ones(2, 3))
+    assert {m for m, _, _ in records(read_tree(tmp_path / "type").step(0))} == {"inner", "head"}
+    with capture(model, tmp_path / "root", modules=["(root)"]):
+        model(torch.ones(2, 3))
+    assert read_tree(tmp_path / "root").step(0).order[:2] == ["(root):param.inner.weight", "(root):param.inner.bias"]
+
+    class Keywords(torch.nn.Module):
+        def forward(self, x, *, scale, pair=()):
+            return x * scale, None, (x + pair[0],)  # None entries: not tensors, not numbered
+
+    module = Keywords()
+    with capture(module, tmp_path / "kw"):
+        module(torch.ones(2), scale=torch.full((2,), 2.0), pair=[torch.ones(2)])
+    assert read_tree(tmp_path / "kw").step(0).order == ["(root)#0:input.0", "(root)#0:input.scale",
+                                                        "(root)#0:input.pair.0", "(root)#0:output.0", "(root)#0:output.1"]
+    # a dtype no dump holds (uint8) is left out, and said so in the step's notes
+    with capture(module, tmp_path / "uint8"):
+        module(torch.ones(2, dtype=torch.uint8), scale=torch.full((2,), 2.0), pair=[torch.ones(2)])
+    step = read_tree(tmp_path / "uint8").step(0)
+    assert "(root)#0:input.0" not in step.order and "(root)#0:input.0 (uint8)" in step.meta["notes"]["capture"]
+
+
+def test_hooks_are_removed_on_exit_and_an_interrupted_step_writes_nothing(torch, tmp_path):
+    model = torch_model(torch, np.random.default_rng(4))
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture(model, tmp_path / "tree", mode="digest") as cap:
+            model(torch.ones(2, 3)).sum().backward()
+            cap.step()
+            out = model(torch.ones(2, 3, requires_grad=True))
+            raise RuntimeError("boom")
+    assert out._backward_hooks in (None, {}) or len(out._backward_hooks) == 0
+    for module in model.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks
+    tree = read_tree(tmp_path / "tree")
+    assert tree.steps == ["step-00000"] and sorted(p.name for p in tree.path.iterdir()) == ["capture.json", "step-00000"]
+    out.sum().backward()  # the grad hooks are gone: nothing recorded, nothing raised
+
+
+def test_tree_layout_reader_errors_and_targets(torch, tmp_path):
+    model = torch_model(torch, np.random.default_rng(5))
+    with capture(model, tmp_path / "tree", mode="digest"):
+        model(torch.ones(1, 3))
+    manifest = json.loads((tmp_path / "tree" / "capture.json").read_text())
+    assert manifest["format"] == "xfalign-capture/1" and manifest["steps"] == ["step-00000"]
+    assert sorted(p.name for p in (tmp_path / "tree" / "step-00000").iterdir()) == ["meta.json", "tensors.safetensors"]
+    # capturing again replaces the tree of the same side
+    with capture(model, tmp_path / "tree", mode="full"):
+        model(torch.ones(1, 3))
+    assert read_tree(tmp_path / "tree").manifest.mode == "full"
+    with pytest.raises(DumpTargetError, match="side 'megatron'"):
+        capture(model, tmp_path / "tree", side="paddle").__enter__()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(DumpTargetError, match="not a capture tree"):
+        capture(model, tmp_path / "other").__enter__()
+    with pytest.raises(TreeError, match=f"{tmp_path / 'other'}: not a capture tree"):
+        read_tree(tmp_path / "other")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "capture.json").write_text('{"format": "xfalign-capture/1"}')
+    with pytest.raises(TreeError, match="capture.json: xfalign: Field required"):
+        read_tree(tmp_path / "bad")
+    with pytest.raises(TreeError, match="no step 3"):
+        read_tree(tmp_path / "tree").step(3)
+    with pytest.raises(CaptureError, match="not a module of any known framework"):
+        capture(object(), tmp_path / "x")
+    with pytest.raises(CaptureError, match="unknown mode"):
+        capture(model, tmp_path / "x", mode="everything")
+
+
+def test_megatron_column_parallel_linear_tuple_output_and_distributed_meta(torch, tmp_path):
+    pytest.importorskip("megatron.core")
+    from megatron.core import ModelParallelConfig
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    from harness.ops.megatron_group import one_process_group
+
+    rng = np.random.default_rng(6)
+    with one_process_group("cpu"):
+        config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=torch.float32,
+                                     gradient_accumulation_fusion=False)
+        layer = ColumnParallelLinear(3, 4, config=config, init_method=torch.nn.init.zeros_, bias=True)
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(integers(rng, (4, 3))))
+            layer.bias.copy_(torch.from_numpy(integers(rng, (4,))))
+        x, g = integers(rng, (2, 1, 3)), integers(rng, (2, 1, 4))  # [s, b, h]
+        with capture(layer, tmp_path / "tree") as cap:
+            out, bias = layer(torch.from_numpy(x).requires_grad_())
+            assert bias is None  # (output, None): one tensor leaf
+            out.backward(torch.from_numpy(g))
+            cap.step()
+    step = read_tree(tmp_path / "tree").step(0)
+    assert step.meta["capture"]["rank"] == 0 and step.meta["capture"]["world_size"] == 1
+    assert records(step) == [("(root)", None, "params"), ("(root)", 0, "forward"), ("(root)", 0, "backward"),
+                             ("(root)", None, "grads")]
+    weight = layer.weight.detach().numpy()
+    assert np.array_equal(step.tensors["(root)#0:output.0"], x @ weight.T + layer.bias.detach().numpy())
+    assert np.array_equal(step.tensors["(root):grad.weight"], g.reshape(2, 4).T @ x.reshape(2, 3))
+    assert np.array_equal(step.tensors["(root):grad.bias"], g.reshape(2, 4).sum(0))
+    assert step.meta["impl"] == "ColumnParallelLinear"
+
+
+def test_paddle_layer_called_twice_in_digest_mode(paddle, tmp_path):
+    rng = np.random.default_rng(7)
+
+    class Model(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.proj = paddle.nn.Linear(3, 3)  # weight [in, out]
+
+        def forward(self, x):
+            return self.proj(self.proj(x))
+
+    model = Model()
+    w, b = integers(rng, (3, 3), -1, 2), integers(rng, (3,))
+    model.proj.weight.set_value(w)
+    model.proj.bias.set_value(b)
+    x, g = integers(rng, (2, 3)), integers(rng, (2, 3))
+    with capture(model, tmp_path / "full") as cap:
+        inputs = paddle.to_tensor(x, stop_gradient=False)
+        paddle.autograd.backward([model(inputs)], [paddle.to_tensor(g)])
+        cap.step()
+    model.clear_gradients()
+    with capture(model, tmp_path / "digest", mode="digest"):
+        paddle.autograd.backward([model(paddle.to_tensor(x, stop_gradient=False))], [paddle.to_tensor(g)])
+    for layer in (model, model.proj):
+        assert not layer._forward_pre_hooks and not layer._forward_post_hooks
+    full, digest = read_tree(tmp_path / "full"), read_tree(tmp_path / "digest")
+    assert full.manifest.side == full.manifest.framework == "paddle"
+    step = full.step(0)
+    assert records(step) == [("proj", None, "params"), ("proj", 0, "forward"), ("proj", 1, "forward"),
+                             ("(root)", 0, "forward"), ("proj", 1, "backward"), ("(root)", 0, "backward"),
+                             ("proj", 0, "backward"), ("proj", None, "grads")]
+    h0 = x @ w + b
+    g0 = g @ w.T
+    assert np.array_equal(step.tensors["proj#1:input.0"], h0)
+    assert np.array_equal(step.tensors["proj#0:grad_output.0"], g0)
+    assert np.array_equal(step.tensors["proj:grad.weight"], h0.T @ g + x.T @ g0)
+    assert digest.step(0).digests == step.digests and not digest.step(0).tensors
+
+
+RANK_SCRIPT = """
+import sys, torch
+from harness.capture import capture
+rank, store, tree = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+model = torch.nn.Linear(2, 2)
+with capture(model, tree, mode="digest") as cap:
+    model(torch.full((1, 2), float(rank))).sum().backward()
+torch.distributed.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_write_one_tree_each(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    workers = [subprocess.Popen([sys.executable, str(script), str(rank), str(tmp_path / "store"), str(tmp_path / "tree")])
+               for rank in range(2)]
+    assert [worker.wait(timeout=120) for worker in workers] == [0, 0]
+    tree = read_tree(tmp_path / "tree")
+    assert sorted(p.name for p in (tmp_path / "tree").iterdir()) == ["rank-00000", "rank-00001"]
+    assert sorted(tree.ranks) == [0, 1] and tree.manifest.world_size == 2
+    for rank, rank_tree in tree.ranks.items():
+        info = rank_tree.step(0).meta["capture"]
+        assert (info["rank"], info["world_size"]) == (rank, 2)
+    inputs = [r.step(0).unstored["(root)#0:input.0"]["md5"] for r in tree.ranks.values()]
+    assert inputs[0] != inputs[1]
