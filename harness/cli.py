@@ -19,22 +19,33 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 from safetensors import SafetensorError
 
 from harness import __version__
+from harness.atomic import write_text_atomic
+from harness.capture.compare import compare_trees
+from harness.capture.tree import is_tree, read_tree
 from harness.case import load_cases
 from harness.compare.case import compare_dumps
 from harness.dump import Dump, DumpError, check_dump_target
 from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
-from harness.gate import Golden, baseline_dir, check, describe_update, missing_class_message
+from harness.gate import Golden, baseline_dir, check, describe_update, gate_tree, missing_class_message
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, check_input_size
-from harness.reports.html import write_reports
-from harness.reports.json_report import write_json
-from harness.reports.terminal import print_comparison, print_gate_result, print_side_dump
+from harness.reports.html import write_reports, write_tree_report
+from harness.reports.json_report import write_json, write_tree_json
+from harness.reports.terminal import (
+    print_comparison,
+    print_gate_result,
+    print_side_dump,
+    print_tree_comparison,
+    print_tree_gate_result,
+)
 from harness.reports.text import (
+    REFETCH_HEADER,
     crash_text,
     error_line,
     gate_summary_text,
@@ -43,7 +54,9 @@ from harness.reports.text import (
     goldens_written_text,
     internal_error_line,
     interrupted_line,
+    map_written_text,
     progress_line,
+    refetch_written_text,
     running_text,
     sweep_summary_text,
     written_text,
@@ -78,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
                       help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
     gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
-    gate.add_argument("cases", nargs="+", type=Path, help="YAML case files")
+    gate.add_argument("cases", nargs="*", type=Path, help="YAML case files (or --tree)")
     gate.add_argument("--baseline", type=Path, required=True,
                       help="folder of goldens: DIR/<environment class>/ (or DIR itself when it holds goldens)")
     gate.add_argument("--numerics", metavar="PROFILE", help=NUMERICS_HELP)
@@ -93,12 +106,23 @@ def _parser() -> argparse.ArgumentParser:
                       help="run up to N cases at once (default: the number of cores, here %(default)s)")
     gate.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
                       help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
-    compare = commands.add_parser("compare", help="compare two dumps made anywhere")
-    compare.add_argument("dump_a", type=Path)
-    compare.add_argument("dump_b", type=Path)
+    compare = commands.add_parser("compare", help="compare two dumps, or two capture trees, made anywhere")
+    compare.add_argument("dump_a", type=Path, metavar="A", help="a dump, or a capture tree (holds capture.json)")
+    compare.add_argument("dump_b", type=Path, metavar="B", help="the same kind as A")
+    compare.add_argument("--map", type=Path, help="trees: YAML map of B's tensor names and layouts to A's")
+    compare.add_argument("--refetch", type=Path, metavar="FILE",
+                         help="trees: write per side the modules whose tensors differ (YAML), for "
+                              "capture(..., mode=\"digests-then-full\", refetch=FILE)")
     compare.add_argument("--json", type=Path, help="write the full comparison as JSON")
     compare.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
-    for command in (run, gate, compare):  # --debug also after the subcommand
+    gate.add_argument("--tree", type=Path, help="gate a capture tree instead of cases: a golden per step (digests)")
+    mapping = commands.add_parser("map", help="maps between two capture trees' tensor names")
+    map_commands = mapping.add_subparsers(dest="map_command", required=True)
+    suggest = map_commands.add_parser("suggest", help="propose a map from execution order and shapes (YAML)")
+    suggest.add_argument("tree_a", type=Path)
+    suggest.add_argument("tree_b", type=Path)
+    suggest.add_argument("-o", "--output", type=Path, help="write the YAML here (default: print it)")
+    for command in (run, gate, compare, mapping, suggest):  # --debug also after the subcommand
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     return parser
 
@@ -329,6 +353,10 @@ def cmd_run(args, console: Console) -> int:
 
 
 def cmd_gate(args, console: Console) -> int:
+    if args.tree is not None:
+        return cmd_gate_tree(args, console)
+    if not args.cases:
+        raise UsageError("gate needs case files, or --tree TREE")
     if args.only_failing and not args.update:
         raise UsageError("--only-failing goes with --update")
     _check_run_options(args)
@@ -379,11 +407,76 @@ def cmd_gate(args, console: Console) -> int:
 
 
 def cmd_compare(args, console: Console) -> int:
+    trees = [is_tree(path) for path in (args.dump_a, args.dump_b)]
+    if any(trees):
+        if not all(trees):
+            tree, other = (args.dump_a, args.dump_b) if trees[0] else (args.dump_b, args.dump_a)
+            raise UsageError(f"{tree} is a capture tree but {other} is not: compare two trees or two dumps")
+        return cmd_compare_trees(args, console)
+    if args.map or args.refetch:
+        raise UsageError(f"{'--map' if args.map else '--refetch'} goes with two capture trees (folders with capture.json)")
     _check_reports(args)
     comparison = compare_dumps(Dump.read(args.dump_a, check_bytes=False), Dump.read(args.dump_b, check_bytes=False))
     print_comparison(comparison, console)
     _write_outputs(args, [comparison], console)
     return EXIT_OK if comparison.passed else EXIT_FAILED
+
+
+def _load_map(path: Path | None):
+    if path is None:
+        return None
+    from harness.capture.mapping import load_map  # lazy: only trees compared through a map need it
+
+    return load_map(path)
+
+
+def cmd_compare_trees(args, console: Console) -> int:
+    _check_reports(args)
+    if args.refetch:
+        _check_output(args.refetch, "--refetch", "file")
+    tree = compare_trees(args.dump_a, args.dump_b, _load_map(args.map), map_path=args.map)
+    print_tree_comparison(tree, console)
+    if args.refetch:
+        sides = tree.refetch()
+        with _writing(args.refetch, "the refetch list"):
+            write_text_atomic(args.refetch, REFETCH_HEADER + yaml.safe_dump(sides, sort_keys=False))
+        console.print(refetch_written_text(args.refetch, sides), highlight=False, markup=False)
+    if args.json:
+        with _writing(args.json, "the JSON report"):
+            written = write_tree_json(tree, args.json)
+        console.print(written_text("JSON", written), highlight=False, markup=False)
+    with _writing(args.html, "the HTML report"):
+        written = write_tree_report(tree, args.html)
+    console.print(written_text("HTML report", written), highlight=False, markup=False)
+    return EXIT_OK if tree.passed else EXIT_FAILED
+
+
+def cmd_gate_tree(args, console: Console) -> int:
+    if args.cases:
+        raise UsageError("--tree gates a capture tree: give no case files with it")
+    if args.only_failing or args.digests_only or args.repeat != 1:
+        raise UsageError("--tree goes with --baseline and --update only (a tree's golden holds digests)")
+    _check_output(args.baseline, "--baseline", "dir")
+    results = gate_tree(args.tree, args.baseline, update=args.update)
+    for result in results:
+        print_tree_gate_result(result, console)
+    failed = sum(not result.passed for result in results)
+    console.print(gate_summary_text(len(results) - failed, failed, 0), markup=False)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_map(args, console: Console) -> int:
+    from harness.capture.suggest import suggest_map  # lazy: only `map suggest` needs it
+
+    text = suggest_map(read_tree(args.tree_a), read_tree(args.tree_b))
+    if args.output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return EXIT_OK
+    _check_output(args.output, "-o", "file")
+    with _writing(args.output, "the map"):
+        write_text_atomic(args.output, text)
+    console.print(map_written_text(args.output), highlight=False, markup=False)
+    return EXIT_OK
 
 
 def _first_line(error: BaseException) -> str:
@@ -402,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:  # not the main thread (main() called from a thread): leave the handlers alone
             pass
     try:
-        return {"run": cmd_run, "gate": cmd_gate, "compare": cmd_compare}[args.command](args, console)
+        commands = {"run": cmd_run, "gate": cmd_gate, "compare": cmd_compare, "map": cmd_map}
+        return commands[args.command](args, console)
     except XfalignError as error:
         if args.debug:
             traceback.print_exc()

@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,14 +36,17 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from harness.atomic import fsync_dir, pause, stage_file, write_atomic
+from harness.capture.format import TensorName
+from harness.capture.tree import read_tree
 from harness.compare.findings import GOLDEN, Finding, judged
 from harness.compare.pairs import originate
 from harness.digest import Digest, verify
-from harness.dump import DumpError, IntegrityError
+from harness.dump import Dump, DumpError, IntegrityError
 from harness.errors import OutputError, XfalignError, safe_name
 from harness.fingerprint import changed_fields
 from harness.reports.text import (
     GOLDEN_HEADER,
+    TREE_GOLDEN_HEADER,
     changed_input_text,
     changed_tensor_text,
     environment_change_text,
@@ -142,6 +146,7 @@ class Golden:
     environment: dict[str, dict]  # side -> fingerprint (every field that decides the side's bits)
     tensors: dict[str, dict[str, Digest]]  # side -> tensor -> digest
     arrays: dict[str, np.ndarray] | None = None  # "side/tensor" -> values, when stored
+    header: str = GOLDEN_HEADER  # the comment line on top: how to update it
 
     @classmethod
     def from_run(cls, run: CaseRun) -> Golden:
@@ -165,7 +170,7 @@ class Golden:
                              "tensors": {name: _digest_text(d) for name, d in tensors.items()}}
                       for side, tensors in self.tensors.items()},
         }
-        return GOLDEN_HEADER + yaml.safe_dump(data, sort_keys=False, width=120)
+        return self.header + yaml.safe_dump(data, sort_keys=False, width=120)
 
     @staticmethod
     def _text_path(directory: Path, case_name: str) -> Path:
@@ -343,14 +348,15 @@ def _environment_findings(golden: Golden, current: Golden) -> list[Finding]:
     return findings
 
 
-def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden: Golden, run: CaseRun) -> list[Finding]:
+def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden: Golden,
+           now: Mapping[str, np.ndarray]) -> list[Finding]:
+    """How tensor `name` of `side` drifted from the golden; `now`: the side's tensors (values, where kept)."""
     if old == new:
         return []
     where = f"{side}/{name}"
     if old is not None and new is not None and (golden.arrays is None or where not in golden.arrays):
         return [Finding("digest", where, False, {"a": old.md5, "b": new.md5, "values": False}, GOLDEN)]
-    pair = originate(where, golden.arrays.get(where) if golden.arrays else None, run.dumps[side].tensors.get(name),
-                     (old, new))
+    pair = originate(where, golden.arrays.get(where) if golden.arrays else None, now.get(name), (old, new))
     return judged(pair.compare(), False, GOLDEN)
 
 
@@ -376,7 +382,7 @@ def check(run: CaseRun, golden: Golden | None) -> GateResult:
     for side in current.tensors:
         old, new = golden.tensors.get(side, {}), current.tensors[side]
         for name in list(new) + [n for n in old if n not in new]:
-            result.findings += _drift(side, name, old.get(name), new.get(name), golden, run)
+            result.findings += _drift(side, name, old.get(name), new.get(name), golden, run.dumps[side].tensors)
     if result.drifted:
         result.findings += _environment_findings(golden, current)
     return result
@@ -391,3 +397,73 @@ def describe_update(old: Golden | None, new: Golden) -> str:
     changed += [changed_input_text(name) for name, digest in new.inputs.items() if old.inputs.get(name) != digest]
     changed += [environment_change_text(f) for f in _environment_findings(old, new)]
     return update_text(False, changed)
+
+
+# -- capture trees -------------------------------------------------------------------------------------
+# A tree's golden is one golden per step (this module's format, digests only, `values: null`), named
+# `<side>.<step>` (`<side>.rank-00001_step-00000` with ranks) in the baseline folder itself: the tensors'
+# digests, in execution order, and the fingerprint recorded by the capture. A missing golden is written and
+# the step fails once; `update` rewrites them all.
+
+
+@dataclass
+class TreeGateResult(GateResult):
+    written: Path | None = None  # the golden written now (missing, or rewritten by update)
+    update: str | None = None  # what an update changed (describe_update)
+
+    @property
+    def first_drift(self) -> tuple[str, str | None] | None:
+        """The first tensor (in execution order) that drifted from the golden, and its module."""
+        finding = next((f for f in self.failures if f.expected == GOLDEN), None)
+        if finding is None:
+            return None
+        parsed = TensorName.parse(finding.tensor.split("/", 1)[-1])
+        return finding.tensor, parsed.module if parsed else None
+
+
+def _step_golden(name: str, dump: Dump) -> Golden:
+    side = dump.side
+    return Golden(name, {}, {side: dict(dump.meta["environment"])}, {side: dump.digests}, None, TREE_GOLDEN_HEADER)
+
+
+def check_step(name: str, dump: Dump, golden: Golden) -> TreeGateResult:
+    """Drift of one step's digests from its golden (every tensor, in execution order)."""
+    result = TreeGateResult(name)
+    current = _step_golden(name, dump)
+    for side, new in current.tensors.items():
+        old = golden.tensors.get(side, {})
+        for tensor in list(new) + [n for n in old if n not in new]:
+            result.findings += _drift(side, tensor, old.get(tensor), new.get(tensor), golden, dump.tensors)
+    if result.drifted:
+        result.findings += _environment_findings(golden, current)
+    return result
+
+
+def gate_tree(path: str | Path, baseline: str | Path, update: bool = False) -> list[TreeGateResult]:
+    """Every step of the capture tree at `path` (every rank's) against its golden in `baseline`."""
+    tree, baseline = read_tree(path), Path(baseline)
+    units = [(f"{rank_tree.path.name}/", rank_tree) for _, rank_tree in sorted(tree.ranks.items())] or [("", tree)]
+    results = []
+    for prefix, unit in units:
+        for step in unit.steps:
+            dump = unit.step(step)
+            name = f"{unit.manifest.side}.{prefix}{step}"
+            try:
+                golden = Golden.read(baseline, name)
+            except DumpError:
+                if not update:
+                    raise
+                golden = None  # unreadable: rewritten
+            if golden is not None and not update:
+                results.append(check_step(name, dump, golden))
+                continue
+            new = _step_golden(name, dump)
+            written = new.write(baseline, with_arrays=False)
+            if update:
+                result = check_step(name, dump, Golden.read(baseline, name) or new)
+                result.update = describe_update(golden, new)
+            else:
+                result = TreeGateResult(name, [Finding("no-golden", "", False, {"written": str(written)})])
+            result.written = written
+            results.append(result)
+    return results

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from harness.compare.findings import Finding, judged
-from harness.compare.pairs import ExactPair, FloatPair, Pair
+from harness.compare.pairs import DigestPair, ExactPair, FloatPair, Pair
 
 KINDS: dict[str, type[Expectation]] = {}  # YAML key -> class, in definition order
 
@@ -79,10 +79,15 @@ class Report(Expectation):
 
 class Tolerance(Expectation):
     """A bound on float differences. Exact values have no distance; any structural difference, and any
-    NaN or Inf class mismatch, exceeds every bound."""
+    NaN or Inf class mismatch, exceeds every bound. Differing digests without values (a side captured in
+    digest mode) cannot be measured: a failing "needs-values" finding, never a pass."""
 
     def check(self, pair: Pair) -> list[Finding]:
         differences = pair.compare()
+        if isinstance(pair, DigestPair) and differences:
+            return [Finding("needs-values", pair.name, False,
+                            {"expectation": self.describe(), "sides": list(pair.digests_only)},
+                            self.describe())] + judged(differences, False, self.describe())
         if isinstance(pair, ExactPair):
             return [Finding("not-applicable", pair.name, False, {"expectation": self.describe(), "dtype": pair.a.dtype},
                             self.describe())] + judged(differences, False, self.describe())

@@ -3,6 +3,8 @@
 - FloatPair: float values, element by element: ULP distance, +-0, NaN payloads, NaN/Inf classes;
 - ExactPair: integer or bool values: equal or not, no distance;
 - OneSidedPair: a tensor only one side produced;
+- DigestPair: a side recorded only the tensor's digests (a capture in digest mode): equal or not by
+  dtype, shape and MD5, no distance;
 - MismatchedPair: dtypes or shapes differ (values compared flattened where dtype and size agree).
 
 `originate` is the one place where two arrays become a Pair. `Pair.compare()` lists the differences
@@ -126,6 +128,31 @@ class OneSidedPair(Pair):
 
 
 @dataclass
+class DigestPair(Pair):
+    """At least one side kept only the digests (and stats): the verdict is the digests' (dtype, shape,
+    MD5); a stored side counts by its recorded digest. No values, so no distance: a tolerance cannot be
+    checked on a differing DigestPair (expectations.Tolerance says it needs full tensors)."""
+
+    a: Digest
+    b: Digest
+    digests_only: tuple[str, ...] = ("A", "B")  # the sides that kept no values
+    stats: tuple[dict | None, dict | None] = (None, None)  # each side's recorded TensorStats fields, if any
+
+    def compare(self) -> list[Finding]:
+        findings = []
+        if self.a.dtype != self.b.dtype:
+            findings.append(Finding("dtype", self.name, False, {"a": self.a.dtype, "b": self.b.dtype}))
+        if self.a.shape != self.b.shape:
+            findings.append(Finding("shape", self.name, False, {"a": list(self.a.shape), "b": list(self.b.shape),
+                                                                "flattened": False}))
+        if self.a.md5 != self.b.md5 and not findings:
+            findings.append(Finding("digest", self.name, False, {
+                "a": self.a.md5, "b": self.b.md5, "values": False, "digests_only": list(self.digests_only),
+                "stats": {"a": self.stats[0], "b": self.stats[1]}}))
+        return findings
+
+
+@dataclass
 class MismatchedPair(Pair):
     a: Digest
     b: Digest
@@ -155,14 +182,20 @@ def _values_pair(name: str, a: np.ndarray, b: np.ndarray, digests: tuple[Digest,
 
 def originate(name: str, a: np.ndarray | None, b: np.ndarray | None,
               digests: tuple[Digest | None, Digest | None] | None = None,
-              checks: tuple[StreamCheck | None, StreamCheck | None] = (None, None)) -> Pair:
+              checks: tuple[StreamCheck | None, StreamCheck | None] = (None, None),
+              stats: tuple[dict | None, dict | None] = (None, None)) -> Pair:
     """The Pair for two arrays. `digests`: the arrays' digests where already known (a dump records
     them when written), to spare hashing the tensors again. `checks`: checks of the arrays' bytes
     against those digests (harness.digest.StreamCheck), fed by the element scan where there is one
-    (the caller reads their verdicts; a check the scan did not feed hashes its bytes when asked)."""
+    (the caller reads their verdicts; a check the scan did not feed hashes its bytes when asked).
+    A side with a digest but no array kept only digests (a capture in digest mode): a DigestPair, whose
+    `stats` are the sides' recorded TensorStats."""
     da, db = digests or (None if a is None else Digest.of(a), None if b is None else Digest.of(b))
-    if a is None or b is None:
+    if da is None or db is None:
         return OneSidedPair(name, da, db)
+    if a is None or b is None:
+        only = tuple(side for side, array in (("A", a), ("B", b)) if array is None)
+        return DigestPair(name, da, db, only, stats)
     da, db = da or Digest.of(a), db or Digest.of(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         flattened = _values_pair(name, a, b, (da, db), checks) if a.dtype == b.dtype and a.size == b.size else None

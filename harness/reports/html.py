@@ -10,6 +10,7 @@ import numpy as np
 from jinja2 import Environment, PackageLoader
 
 from harness.atomic import write_text_atomic
+from harness.capture.compare import StepComparison, TreeComparison
 from harness.compare.case import CaseComparison, TensorResult
 from harness.compare.metrics import ULP_BUCKETS
 from harness.compare.pairs import FloatPair
@@ -19,17 +20,28 @@ from harness.reports.text import (
     HEATMAP_AXES,
     NAN_INF,
     NOT_MEASURED,
+    TREE_COLUMNS,
     abs_text,
+    call_text,
     classes_text,
+    details_left_out_text,
+    divergence_text,
     dtype_text,
     expectation_text,
     findings_lines,
     index_title,
+    map_text,
     nondeterministic_text,
     note_text,
+    phase_text,
     rel_text,
+    slot_text,
     status_label,
+    step_summary_text,
     summary_text,
+    tree_side_text,
+    tree_title,
+    tree_verdict_text,
     ulp_text,
     unavailable_text,
     verdict_text,
@@ -177,3 +189,69 @@ def write_reports(comparisons: list[CaseComparison], target: str | Path) -> Path
     if len(entries) == 1 and target.suffix != ".html":
         return entries[0][1]
     return write_index(entries, target if target.suffix == ".html" else folder / "index.html")
+
+
+MAX_DETAILS = 100  # tensor detail sections per step: a divergence early in a model makes every later tensor differ
+
+
+def _model(step: StepComparison) -> list[dict]:
+    """A's selected modules as a tree (parent -> children), each marked where its tensors differ; the
+    module of the first divergent tensor marked apart."""
+    differing = {view.module for view in step.records if not view.bitwise}
+    divergent = step.divergence.module if step.divergence else None
+    nodes: dict[str, dict] = {}
+    for m in step.modules:
+        classes = [c for c, on in (("differs", m.name in differing), ("divergent", m.name == divergent)) if on]
+        nodes[m.name] = {"name": m.name, "type": m.type, "children": [], "divergent": m.name == divergent,
+                         "classes": " ".join(classes)}
+    roots: list[dict] = []
+    for module in step.modules:
+        parent = nodes.get(module.parent) if module.parent else None
+        (parent["children"] if parent is not None else roots).append(nodes[module.name])
+    return roots
+
+
+def _step_view(index: int, step: StepComparison) -> dict:
+    first = step.divergence.name if step.divergence else None
+    rows: list[dict] = []
+    details: list[dict] = []
+    for view in step.records:
+        for position, result in enumerate(view.tensors):
+            tensor = _tensor_view(result, first)
+            tensor["anchor"] = f"s{index}-t{len(rows)}"
+            tensor["detail"] = not result.pair.bitwise and len(details) < MAX_DETAILS
+            if tensor["detail"]:
+                details.append(tensor)
+            rows.append({"tensor": tensor, "first": position == 0, "module": view.module, "call": call_text(view.call),
+                         "phase": phase_text(view.phase), "slot": slot_text(result.name, view.module)})
+    differing = sum(not result.pair.bitwise for result in step.comparison.tensors)
+    return {"name": step.label, "anchor": f"s{index}", "summary": step_summary_text(step), "status": step.status,
+            "label": status_label(step.status), "status_class": STATUS_CLASSES[step.status], "rows": rows,
+            "details": details,
+            "details_left_out": details_left_out_text(differing - len(details)) if differing > len(details) else None}
+
+
+def tree_view(tree: TreeComparison) -> dict:
+    steps = [_step_view(index, step) for index, step in enumerate(tree.steps)]
+    divergence = tree.divergence
+    first = None
+    if divergence is not None:
+        index = next(i for i, step in enumerate(tree.steps) if step.divergence is divergence)
+        anchor = next(row["tensor"]["anchor"] for row in steps[index]["rows"] if row["tensor"]["name"] == divergence.name)
+        first = {"text": divergence_text(divergence), "anchor": anchor}
+    shown = next((step for step in tree.steps if step.divergence is divergence), tree.steps[0] if tree.steps else None)
+    return {
+        "title": tree_title(tree), "status": tree.status, "label": status_label(tree.status),
+        "status_class": STATUS_CLASSES[tree.status], "verdict": tree_verdict_text(tree),
+        "first_divergent": first, "divergence_text": divergence_text(None),
+        "sides": [tree_side_text("A", tree.a), tree_side_text("B", tree.b)], "map": map_text(tree.map),
+        "model": _model(shown) if shown else [], "model_step": shown.label if shown else "",
+        "columns": TREE_COLUMNS, "steps": steps,
+    }
+
+
+def write_tree_report(tree: TreeComparison, target: str | Path) -> Path:
+    """One page for two capture trees: `target` itself when it ends in .html, else a file in that folder."""
+    target = Path(target)
+    path = target if target.suffix == ".html" else target / f"{safe_file_stem(tree_title(tree))}.html"
+    return write_text_atomic(path, _env.get_template("tree.html.j2").render(tree=tree_view(tree)))

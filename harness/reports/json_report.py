@@ -5,6 +5,13 @@ its words from reports/text.py.
 
 /2 (from /1): per tensor, "pair" (its kind) and "findings" as objects; "exact" is gone (pair says it);
 per case, "unavailable" (side -> reason) beside "reason".
+
+Two capture trees (`xfalign compare TREE_A TREE_B`) write the same shape, one case per step (named by its
+step folder), plus a top-level "tree" section: both trees, the map, the verdict, the steps or ranks one
+tree lacks, the first divergent tensor with its module, and per step A's records in the table's order
+(forward, backward, parameters and gradients), each naming its tensors (their details are in "cases").
+An addition: readers of /2 that do not know "tree" read the cases as before. A tensor whose side kept
+only digests has "pair": "DigestPair" and "stats": null.
 """
 
 from __future__ import annotations
@@ -15,11 +22,15 @@ import math
 from pathlib import Path
 
 from harness.atomic import write_text_atomic
+from harness.capture.compare import Divergence, TreeComparison
 from harness.compare.case import CaseComparison, TensorResult
 from harness.compare.pairs import FloatPair
 from harness.reports.text import (
+    divergence_text,
     expectation_text,
     finding_text,
+    record_text,
+    tree_verdict_text,
     unavailable_text,
     verdict_text,
 )
@@ -88,4 +99,39 @@ def comparison_json(comparison: CaseComparison) -> dict:
 
 def write_json(comparisons: list[CaseComparison], path: str | Path) -> Path:
     data = {"format": FORMAT, "cases": [comparison_json(c) for c in comparisons]}
+    return write_text_atomic(path, json.dumps(finite_or_text(data), indent=1, allow_nan=False) + "\n")
+
+
+def _divergence(divergence: Divergence | None) -> dict | None:
+    if divergence is None:
+        return None
+    return {"step": divergence.step, "tensor": divergence.name, "module": divergence.module,
+            "module_type": divergence.module_type, "phase": divergence.phase, "text": divergence_text(divergence)}
+
+
+def tree_json(tree: TreeComparison) -> dict:
+    return {
+        "a": dataclasses.asdict(tree.a),
+        "b": dataclasses.asdict(tree.b),
+        "map": tree.map,
+        "status": tree.status,
+        "passed": tree.passed,
+        "verdict": tree_verdict_text(tree),
+        "findings": [finding.to_json() | {"text": finding_text(finding)} for finding in tree.findings],
+        "first_divergent": _divergence(tree.divergence),
+        "steps": [{
+            "step": step.label,
+            "status": step.status,
+            "root": step.root,
+            "first_divergent": _divergence(step.divergence),
+            "modules": [module.model_dump(mode="json") for module in step.modules],
+            "records": [{"module": view.module, "type": view.type, "call": view.call, "phase": view.phase,
+                         "title": record_text(view), "bitwise": view.bitwise, "holds": view.holds,
+                         "tensors": [result.name for result in view.tensors]} for view in step.records],
+        } for step in tree.steps],
+    }
+
+
+def write_tree_json(tree: TreeComparison, path: str | Path) -> Path:
+    data = {"format": FORMAT, "cases": [comparison_json(c) for c in tree.comparisons], "tree": tree_json(tree)}
     return write_text_atomic(path, json.dumps(finite_or_text(data), indent=1, allow_nan=False) + "\n")

@@ -7,29 +7,44 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from harness.capture.compare import StepComparison, TreeComparison
 from harness.compare.case import CaseComparison, SideInfo
 from harness.dump import Dump
-from harness.gate import GateResult
+from harness.gate import GateResult, TreeGateResult
 from harness.reports.text import (
     CODE_CHANGED,
+    FIRST_DIVERGENT_MARK,
     GATE_LABELS,
     NOT_MEASURED,
     TABLE_COLUMNS,
+    TREE_COLUMNS,
     abs_text,
+    call_text,
     classes_text,
     differing_text,
+    divergence_text,
     dtype_text,
     environment_changed_text,
     expectation_text,
     findings_lines,
+    first_drift_text,
     gate_lines,
     gate_pass_text,
+    golden_update_text,
+    map_text,
+    more_lines_text,
     nondeterministic_text,
     note_text,
+    phase_text,
     side_dumped_text,
     side_text,
     side_unavailable_text,
+    slot_text,
     status_label,
+    step_summary_text,
+    tree_gate_pass_text,
+    tree_side_text,
+    tree_verdict_text,
     ulp_text,
     verdict_text,
     yes_no,
@@ -37,6 +52,7 @@ from harness.reports.text import (
 
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "n/a": "bold yellow"}
 _JUSTIFY: tuple[JustifyMethod, ...] = ("left",) * 5 + ("center",) + ("right",) * 4 + ("left", "center")  # per column of TABLE_COLUMNS
+MAX_FAILURE_LINES = 20  # per step: a divergence early in a model makes every later tensor fail
 STRUCTURAL = ("missing", "dtype", "shape", "not-applicable")  # findings listed under the table, and marked in it
 
 
@@ -117,6 +133,71 @@ def print_gate_result(result: GateResult, console: Console) -> None:
     console.print(f"[{STATUS_STYLES['fail']}]{GATE_LABELS[False]}[/] {escape(result.case_name)}:")
     for line in gate_lines(result.failures):
         _plain(console, f"  {line}")
+    if result.environment_changes:
+        _plain(console, f"  {environment_changed_text(result.environment_changes)}")
+    elif result.drifted:
+        _plain(console, f"  {CODE_CHANGED}")
+
+
+_TREE_JUSTIFY: tuple[JustifyMethod, ...] = ("left", "right", "left", "left", "left", "left", "left", "left", "center",
+                                            "right", "right", "left", "center")  # per column of TREE_COLUMNS
+
+
+def step_table(step: StepComparison) -> Table:
+    """One row per tensor, grouped by A's records (forward, backward, then parameters and gradients); the
+    module, call and phase are named on a record's first row."""
+    table = Table(title=escape(step_summary_text(step)), title_justify="left")
+    for column, justify in zip(TREE_COLUMNS, _TREE_JUSTIFY, strict=True):
+        table.add_column(column, justify=justify)
+    first = step.divergence.name if step.divergence else None
+    for view in step.records:
+        for index, result in enumerate(view.tensors):
+            pair = result.pair
+            head = (view.module, call_text(view.call), phase_text(view.phase)) if index == 0 else ("", "", "")
+            name = slot_text(pair.name, view.module) + (FIRST_DIVERGENT_MARK if pair.name == first else "")
+            cells = [*head, Text(name, "bold red" if pair.name == first else ""),
+                     str(list(pair.digest.shape)), dtype_text(pair),
+                     pair.a.md5[:8] if pair.a else NOT_MEASURED, pair.b.md5[:8] if pair.b else NOT_MEASURED,
+                     Text(yes_no(pair.bitwise), "green" if pair.bitwise else "red"), ulp_text(pair), abs_text(pair),
+                     expectation_text(result), Text(yes_no(result.holds, "NO"), "green" if result.holds else "bold red")]
+            table.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in cells),
+                          end_section=index == len(view.tensors) - 1)
+    return table
+
+
+def print_tree_comparison(tree: TreeComparison, console: Console) -> None:
+    """Both trees, the map, a table per step, the failures under it, the verdict and the first divergence."""
+    _plain(console, tree_side_text("A", tree.a))
+    _plain(console, tree_side_text("B", tree.b))
+    _plain(console, map_text(tree.map))
+    for step in tree.steps:
+        console.print(step_table(step))
+        lines = findings_lines([finding for result in step.comparison.failing for finding in result.failures])
+        for line in lines[:MAX_FAILURE_LINES]:
+            _plain(console, f"  * {line}")
+        if len(lines) > MAX_FAILURE_LINES:
+            _plain(console, f"  * {more_lines_text(len(lines) - MAX_FAILURE_LINES)}")
+    status = tree.status
+    console.print(f"[{STATUS_STYLES[status]}]{status_label(status)}[/] {escape(tree_verdict_text(tree))}")
+    _plain(console, f"  {divergence_text(tree.divergence)}")
+
+
+def print_tree_gate_result(result: TreeGateResult, console: Console) -> None:
+    """One capture step against its golden: written or updated, passing, or what drifted (the first named)."""
+    if result.update is not None:
+        _plain(console, golden_update_text(result.case_name, result.update, result.written))
+    if result.passed:
+        console.print(f"[{STATUS_STYLES['pass']}]{GATE_LABELS[True]}[/] {escape(tree_gate_pass_text(result.case_name))}")
+        return
+    console.print(f"[{STATUS_STYLES['fail']}]{GATE_LABELS[False]}[/] {escape(result.case_name)}:")
+    first = result.first_drift
+    if first is not None:
+        _plain(console, f"  {first_drift_text(*first)}")
+    lines = gate_lines(result.failures)
+    for line in lines[:MAX_FAILURE_LINES]:
+        _plain(console, f"  {line}")
+    if len(lines) > MAX_FAILURE_LINES:
+        _plain(console, f"  {more_lines_text(len(lines) - MAX_FAILURE_LINES)}")
     if result.environment_changes:
         _plain(console, f"  {environment_changed_text(result.environment_changes)}")
     elif result.drifted:

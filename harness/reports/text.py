@@ -12,6 +12,7 @@ from harness.compare.findings import GOLDEN, PAIR_KINDS, Finding
 from harness.fingerprint import label as field_label
 
 if TYPE_CHECKING:
+    from harness.capture.compare import Divergence, RecordView, StepComparison, TreeComparison, TreeSide
     from harness.compare.case import CaseComparison, SideInfo, TensorResult
     from harness.compare.pairs import Pair
 
@@ -23,6 +24,7 @@ TABLE_COLUMNS = ("tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "diffe
                  "max abs", "expect", "holds")
 HEATMAP_AXES = ("leading dims flattened", "last dim")  # where the op does not name its last two axes
 GOLDEN_HEADER = "# xfalign golden. Update: xfalign gate CASE --baseline DIR --update\n"
+TREE_GOLDEN_HEADER = "# xfalign golden of a capture step. Update: xfalign gate --tree TREE --baseline DIR --update\n"
 
 
 def status_label(status: str) -> str:
@@ -116,20 +118,45 @@ def _recorded(value) -> str:
     return "not recorded" if value is None else str(value)
 
 
+def _stats_change(stats: dict) -> str:
+    """Where both sides recorded stats of a digest-only tensor: the first that differs, e.g. "norm 3.2 vs 3.21"."""
+    a, b = stats.get("a"), stats.get("b")
+    if not a or not b:
+        return ""
+    for key in ("nan", "inf", "norm", "mean", "min", "max"):
+        if a.get(key) != b.get(key):
+            return f"; {key} {error_text(a.get(key), 9) if key in ('norm', 'mean', 'min', 'max') else a.get(key)} vs " \
+                   f"{error_text(b.get(key), 9) if key in ('norm', 'mean', 'min', 'max') else b.get(key)}"
+    return ""
+
+
+def _digest_change(d: dict) -> str:
+    change = f"digest {d['a'][:8]} → {d['b'][:8]}"
+    if d["values"]:
+        return change + ", yet every element is equal"
+    if "digests_only" in d:  # a capture in digest mode
+        return change + f" (side {' and '.join(d['digests_only'])} recorded digests only: no values to measure ULP)" \
+            + _stats_change(d.get("stats") or {})
+    return change + " (the golden holds no values to measure ULP)"
+
+
 _DETAILS: dict[str, Callable[[dict], str]] = {
-    "missing": lambda d: f"missing on side {d['side']}",
+    "missing": lambda d: f"missing on side {d['side']}" + (f" ({d['reason']})" if d.get("reason") else ""),
     "dtype": lambda d: f"dtype differs: {d['a']} vs {d['b']}",
     "shape": lambda d: f"shape differs: {d['a']} vs {d['b']}" + ("; values compared flattened" if d["flattened"] else ""),
     "float-values": _float_values,
     "exact-values": lambda d: f"{d['differing']:,} of {d['elements']:,} elements differ",
     "not-applicable": lambda d: f"{d['expectation']} does not apply to {d['dtype']} values, which are equal or not "
                                 "(expect bitwise)",
-    "digest": lambda d: f"digest {d['a'][:8]} → {d['b'][:8]}"
-                        + (", yet every element is equal" if d["values"] else " (the golden holds no values to measure ULP)"),
+    "digest": lambda d: _digest_change(d),
+    "needs-values": lambda d: f"{d['expectation']} needs full tensors: side {' and '.join(d['sides'])} recorded "
+                              "digests only (capture this module in full: compare --refetch FILE, then "
+                              "capture(..., mode=\"digests-then-full\", refetch=FILE))",
     "input": lambda d: f"{_digest(d['golden'])} → {_digest(d['now'])}",
     "nondeterministic": lambda d: f"{d['distinct']} different digests in {d['repeats']} repeats on side {d['side']} "
                                   "(nondeterministic there; not a cross-framework difference)",
-    "no-golden": lambda d: "no golden yet: run with --update to record one",
+    "no-golden": lambda d: (f"no golden yet: wrote {d['written']}; this fails once: run the gate again to check "
+                            "against it") if d.get("written") else "no golden yet: run with --update to record one",
     "environment": lambda d: f"{field_label(d['field'])} {_recorded(d['golden'])} → {_recorded(d['now'])}",
 }
 
@@ -249,6 +276,105 @@ def index_title(statuses: list[str]) -> str:
     if statuses.count("n/a"):
         title += f", {statuses.count('n/a')} N/A"
     return title
+
+
+# -- capture trees -------------------------------------------------------------------------------------
+
+TREE_COLUMNS = ("module", "call", "phase", "tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "max ULP",
+                "max abs", "expect", "holds")
+PHASE_LABELS = {"params": "params (start)", "forward": "forward", "backward": "backward", "grads": "grads (end)",
+                "": "-"}
+FIRST_DIVERGENT_MARK = " <- first divergent"  # after the tensor's name in the terminal's table
+REFETCH_HEADER = ("# xfalign refetch: per side, the modules whose tensors differ (or whose digests differ and\n"
+                  "# have no values). Give it to capture(..., mode=\"digests-then-full\", refetch=THIS_FILE).\n")
+
+
+def tree_side_text(label: str, side: TreeSide) -> str:
+    """A capture tree in one line: `A megatron (megatron): MLP, 3 steps, mode digest, at dumps/megatron`."""
+    ranks = f", ranks {', '.join(map(str, side.ranks))}" if side.ranks else ""
+    steps = f"{side.steps} step" + ("" if side.steps == 1 else "s")
+    return f"{label} {side.side} ({side.framework}): {side.root}, {steps}{ranks}, mode {side.mode}, at {side.path}"
+
+
+def map_text(path: str | None) -> str:
+    return f"map: {path}" if path else "map: none (tensor names compared as they are)"
+
+
+def record_text(view: RecordView) -> str:
+    """A record's heading: `decoder.mlp#0 forward (MLP)`."""
+    call = "" if view.call is None else f"#{view.call}"
+    kind = f" ({view.type})" if view.type else ""
+    return f"{view.module}{call} {PHASE_LABELS.get(view.phase, view.phase)}{kind}"
+
+
+def call_text(call: int | None) -> str:
+    return NOT_MEASURED if call is None else str(call)
+
+
+def phase_text(phase: str) -> str:
+    return PHASE_LABELS.get(phase, phase)
+
+
+def slot_text(name: str, module: str) -> str:
+    """A tensor's name without its module (shown beside it): `#0:output.0` -> `output.0`."""
+    if name.startswith(module):
+        rest = name[len(module):]
+        return rest.split(":", 1)[1] if ":" in rest else rest
+    return name
+
+
+def divergence_text(divergence: Divergence | None) -> str:
+    if divergence is None:
+        return "every tensor is bitwise equal"
+    kind = f" ({divergence.module_type})" if divergence.module_type else ""
+    return (f"first divergent tensor: {divergence.name} in {divergence.step}, module {divergence.module}{kind}, "
+            f"{phase_text(divergence.phase)}")
+
+
+def step_summary_text(step: StepComparison) -> str:
+    tensors = step.comparison.tensors
+    bitwise = sum(result.pair.bitwise for result in tensors)
+    records = len(step.records)
+    return f"{step.label}: {len(tensors)} tensors in {records} records, {bitwise} bitwise equal"
+
+
+def tree_verdict_text(tree: TreeComparison) -> str:
+    """The trees' verdict after its label: steps compared, how many pass, the first divergence."""
+    passing = sum(step.status == "pass" for step in tree.steps)
+    summary = f"{tree.a.side} vs {tree.b.side}: {len(tree.steps)} steps compared, {passing} pass"
+    if tree.findings:
+        summary += "; " + "; ".join(findings_lines(tree.findings))
+    return summary
+
+
+def tree_title(tree: TreeComparison) -> str:
+    return f"{tree.a.side} vs {tree.b.side}"
+
+
+def details_left_out_text(count: int) -> str:
+    return f"{count} more differing tensors have no detail section here (every tensor is in the table and the JSON)"
+
+
+def more_lines_text(count: int) -> str:
+    return f"... and {count} more (every tensor is in the JSON and HTML reports)"
+
+
+def refetch_written_text(path, sides: dict[str, list[str]]) -> str:
+    counts = ", ".join(f"{side} {len(modules)}" for side, modules in sides.items())
+    return f"refetch list (modules per side: {counts}): {path}"
+
+
+def map_written_text(path) -> str:
+    return f"map suggestion: {path}"
+
+
+def tree_gate_pass_text(label: str) -> str:
+    return f"{label}: digests match the golden"
+
+
+def first_drift_text(tensor: str, module: str | None) -> str:
+    where = f" (module {module})" if module else ""
+    return f"first drifting tensor: {tensor}{where}"
 
 
 # -- the gate ------------------------------------------------------------------------------------------

@@ -1,0 +1,254 @@
+"""Comparison of two capture trees (harness.capture.format), step by step.
+
+Steps are paired by position (a step one tree lacks is a failing "missing" finding). Each step's B dump is
+put in A's names and layouts by the map (harness.capture.mapping `TensorMap.to_a`; without a map the
+names must agree), then compared as any two dumps (harness.compare.case.compare_dumps; by default every
+tensor is held bitwise). The result adds what a whole model needs: the records of A's execution order,
+each with its tensors' results (forward, then backward, then parameters and gradients), and the first
+divergent tensor with the module it belongs to.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.capture.format import CaptureInfo, ModuleInfo, TensorName, rank_folder
+from harness.capture.tree import Tree, read_tree
+from harness.case import ExpectSpec
+from harness.compare.case import CaseComparison, TensorResult, compare_dumps
+from harness.compare.expectations import Bitwise
+from harness.compare.findings import Finding
+from harness.compare.pairs import OneSidedPair
+from harness.dump import Dump
+
+if TYPE_CHECKING:
+    from harness.capture.mapping import TensorMap
+
+TREE_EXPECT = ExpectSpec(all=Bitwise())  # two captures of one model: every tensor bitwise, unless told otherwise
+PHASE_ORDER = {"forward": 0, "backward": 1, "params": 2, "grads": 2}  # the table's order; ties keep A's order
+UNRECORDED = "(unrecorded)"  # the record of tensors that no record of A names (B-only names, say)
+
+
+@dataclass
+class RecordView:
+    """One record of A's execution order (a module call's forward or backward, a module's parameters or
+    gradients) with its tensors' results."""
+
+    module: str
+    type: str | None  # the module's class name, where A's capture lists the module
+    call: int | None
+    phase: str  # params, forward, backward, grads; "" for tensors no record names
+    tensors: list[TensorResult]
+
+    @property
+    def bitwise(self) -> bool:
+        return all(result.pair.bitwise for result in self.tensors)
+
+    @property
+    def holds(self) -> bool:
+        return all(result.holds for result in self.tensors)
+
+
+@dataclass
+class Divergence:
+    """Where two captures first differ: the step, the tensor, and the module (and its class) it belongs to."""
+
+    step: str
+    tensor: TensorResult
+    module: str
+    module_type: str | None
+    phase: str
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
+
+
+@dataclass
+class StepComparison:
+    label: str  # the step folder, after its rank folder where there are ranks: "rank-00001/step-00000"
+    comparison: CaseComparison  # its case_name is the label
+    records: list[RecordView]  # in the table's order (PHASE_ORDER)
+    modules: list[ModuleInfo]  # A's selected modules, in the model's order (the model tree)
+    root: str  # A's model class
+    divergence: Divergence | None  # the first tensor, in A's execution order, that is not bitwise equal
+    sources: dict[str, list[str]] = field(default_factory=dict)  # A name -> the B tensors the map made it of
+    left_out: dict[str, str] = field(default_factory=dict)  # A name -> why the map could not make it from B
+
+    @property
+    def status(self) -> str:
+        return self.comparison.status
+
+
+@dataclass
+class TreeSide:
+    path: str
+    side: str
+    framework: str
+    root: str
+    mode: str
+    steps: int
+    ranks: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, tree: Tree) -> TreeSide:
+        m = tree.manifest
+        return cls(str(tree.path), m.side, m.framework, m.root, m.mode, len(m.steps), sorted(tree.ranks))
+
+
+@dataclass
+class TreeComparison:
+    a: TreeSide
+    b: TreeSide
+    map: str | None  # the map file, None: names compared as they are
+    steps: list[StepComparison]
+    findings: list[Finding] = field(default_factory=list)  # steps or ranks one tree lacks (failing)
+    tensor_map: TensorMap | None = None  # for the B modules of an A module the map made no tensor of
+
+    @property
+    def status(self) -> str:
+        return "fail" if self.findings or any(step.status == "fail" for step in self.steps) else "pass"
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    @property
+    def divergence(self) -> Divergence | None:
+        """The first divergent tensor of the first step that has one."""
+        return next((step.divergence for step in self.steps if step.divergence is not None), None)
+
+    @property
+    def comparisons(self) -> list[CaseComparison]:
+        return [step.comparison for step in self.steps]
+
+    def refetch(self) -> dict[str, list[str]]:
+        """Per side (by its name), the module globs whose tensors differ, or that the map could not make
+        from B's digests: what a capture in mode "digests-then-full" should keep in full next time."""
+        modules: dict[str, list[str]] = {"a": [], "b": []}
+        for step in self.steps:
+            for result in step.comparison.tensors:
+                left_out = result.name in step.left_out
+                if result.pair.bitwise or (isinstance(result.pair, OneSidedPair) and not left_out):
+                    continue  # equal, or missing on one side: values would not help
+                module = _module_of(result.name)
+                sources = step.sources.get(result.name)
+                others = [_module_of(source) for source in sources] if sources else self._b_modules(module)
+                for side, found in (("a", [module]), ("b", others)):
+                    modules[side] += [m for m in found if m and m not in modules[side]]
+        a, b = ([glob.escape(m) for m in modules[side]] for side in ("a", "b"))
+        if self.b.side == self.a.side:  # one list per side name: both sides share it
+            return {self.a.side: list(dict.fromkeys(a + b))}
+        return {self.a.side: a, self.b.side: b}
+
+    def _b_modules(self, module: str) -> list[str]:
+        if self.tensor_map is None or not module:
+            return [module]
+        return self.tensor_map.module_pairs([module]).get(module) or [module]
+
+
+def _module_of(name: str) -> str:
+    parsed = TensorName.parse(name)
+    return parsed.module if parsed else ""
+
+
+def compare_trees(tree_a: str | Path | Tree, tree_b: str | Path | Tree, tensor_map: TensorMap | None = None,
+                  expect: ExpectSpec | None = None, map_path: str | Path | None = None) -> TreeComparison:
+    """Compare two capture trees step by step (see the module's note). `tensor_map`: B's names and
+    layouts in A's (None: the names must agree); `expect`: what each tensor is held to (default bitwise)."""
+    a = tree_a if isinstance(tree_a, Tree) else read_tree(tree_a)
+    b = tree_b if isinstance(tree_b, Tree) else read_tree(tree_b)
+    expect = expect or TREE_EXPECT
+    findings: list[Finding] = []
+    steps: list[StepComparison] = []
+    for prefix, tree_ra, tree_rb in _rank_pairs(a, b, findings):
+        count = max(len(tree_ra.steps), len(tree_rb.steps))
+        for index in range(count):
+            names = (tree_ra.steps[index] if index < len(tree_ra.steps) else None,
+                     tree_rb.steps[index] if index < len(tree_rb.steps) else None)
+            label = prefix + (names[0] or names[1] or "")
+            if names[0] is None or names[1] is None:
+                findings.append(Finding("missing", label, False, {"side": "A" if names[0] is None else "B"}))
+                continue
+            dump_b = tree_rb.step(index)
+            if tensor_map is not None:
+                dump_b = tensor_map.to_a(dump_b)
+            ignored = None if tensor_map is None else (lambda name: tensor_map.ignored("a", name))
+            steps.append(compare_steps(label, tree_ra.step(index), dump_b, expect, ignored))
+    return TreeComparison(TreeSide.of(a), TreeSide.of(b), None if map_path is None else str(map_path), steps,
+                          findings, tensor_map)
+
+
+def _rank_pairs(a: Tree, b: Tree, findings: list[Finding]) -> list[tuple[str, Tree, Tree]]:
+    """The trees to compare rank by rank ("" and the trees themselves for one process each); a rank one
+    side lacks is a failing "missing" finding."""
+    if not a.ranks and not b.ranks:
+        return [("", a, b)]
+    ranks_a, ranks_b = a.ranks or {0: a}, b.ranks or {0: b}
+    pairs = []
+    for rank in sorted(ranks_a.keys() | ranks_b.keys()):
+        if rank not in ranks_a or rank not in ranks_b:
+            findings.append(Finding("missing", rank_folder(rank), False, {"side": "A" if rank not in ranks_a else "B"}))
+            continue
+        pairs.append((rank_folder(rank) + "/", ranks_a[rank], ranks_b[rank]))
+    return pairs
+
+
+def compare_steps(label: str, dump_a: Dump, dump_b: Dump, expect: ExpectSpec | None = None,
+                  ignored_a: Callable[[str], bool] | None = None) -> StepComparison:
+    """One step: the dumps compared (B already in A's names), then arranged by A's records. `ignored_a`:
+    A tensors with no counterpart on purpose (the map's `ignore.a`), left out when B lacks them."""
+    comparison = compare_dumps(dump_a, dump_b, expect or TREE_EXPECT)
+    comparison.case_name = label
+    if ignored_a is not None:
+        comparison.tensors = [result for result in comparison.tensors
+                              if not (isinstance(result.pair, OneSidedPair) and result.pair.b is None
+                                      and ignored_a(result.name))]
+    left_out: dict[str, str] = getattr(dump_b, "left_out", {})  # a MappedDump's (harness.capture.mapping)
+    for result in comparison.tensors:
+        if result.name in left_out:  # "missing on side B" says why
+            result.findings = [replace(f, data={**f.data, "reason": left_out[result.name]}) if f.kind == "missing" else f
+                               for f in result.findings]
+    info = _capture_info(dump_a)
+    types = {module.name: module.type for module in info.modules} if info else {}
+    results = {result.name: result for result in comparison.tensors}
+    records: list[tuple[int, RecordView]] = []
+    placed: set[str] = set()
+    for record in info.records if info else []:
+        tensors = [results[name] for name in record.tensors if name in results and name not in placed]
+        placed.update(result.name for result in tensors)
+        view = RecordView(record.module, types.get(record.module), record.call, record.phase, tensors)
+        records.append((PHASE_ORDER.get(record.phase, 3), view))
+    rest = [result for result in comparison.tensors if result.name not in placed]
+    if rest:
+        records.append((4, RecordView(UNRECORDED, None, None, "", rest)))
+    ordered = [view for _, view in sorted(records, key=lambda item: item[0])]
+    divergence = _first_divergence(label, comparison, records, types)
+    return StepComparison(label, comparison, ordered, info.modules if info else [], info.root if info else "",
+                          divergence, dict(getattr(dump_b, "sources", {})), dict(left_out))
+
+
+def _capture_info(dump: Dump) -> CaptureInfo | None:
+    capture = dump.meta.get("capture")
+    return None if capture is None else CaptureInfo.model_validate(capture)
+
+
+def _first_divergence(label: str, comparison: CaseComparison, records: list[tuple[int, RecordView]],
+                      types: dict[str, str]) -> Divergence | None:
+    """The first tensor, in A's execution order (its records as recorded: parameters at the step's start
+    come first), that both sides recorded and that is not bitwise equal; else the first that one side
+    lacks."""
+    execution = [(view, result) for _, view in records for result in view.tensors]
+    for wanted in (lambda r: not isinstance(r.pair, OneSidedPair), lambda r: True):
+        for view, result in execution:
+            if not result.pair.bitwise and wanted(result):
+                module = view.module
+                if module == UNRECORDED:
+                    parsed = TensorName.parse(result.name)
+                    module = parsed.module if parsed else ""
+                return Divergence(label, result, module, types.get(module), view.phase)
+    return None
