@@ -1,0 +1,187 @@
+"""Replay: run one module of side B on what side A's module saw, to stop error accumulation.
+
+A's capture holds, for one call of a module, its inputs, its parameters at the start of the step and its
+outputs. Replay puts A's inputs and parameters into B's names and layouts (the map's `to_b`), runs B's
+module (or the B modules the map pairs with it, each on its own inputs) forward, brings the outputs back
+into A's names and layouts (`to_a`) and compares them with A's captured outputs, bitwise:
+
+- every output equal: B's module computes what A's does from the same inputs, so a difference seen
+  where the two captures are compared is inherited from upstream ("inherited");
+- an output differs: the module itself differs ("differs");
+- none of A's outputs has a B counterpart through the map (B's module computes something else, e.g. it
+  adds a bias A's module hands on): "no counterpart"; replay the enclosing module instead.
+
+Framework-neutral: the framework comes from the module (harness.frameworks adapters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from harness.capture.format import ROOT, TensorName, call_tensor, param_tensor
+from harness.capture.tree import Tree, read_tree
+from harness.compare.pairs import Pair, originate
+from harness.dump import Dump
+from harness.errors import XfalignError
+
+if TYPE_CHECKING:
+    from harness.capture.mapping import TensorMap
+    from harness.frameworks.base import FrameworkAdapter
+
+Verdict = Literal["inherited", "differs", "no counterpart"]
+
+
+class ReplayError(XfalignError):
+    """A replay that cannot run: the module call is not in A's capture, a tensor it needs is missing."""
+
+
+@dataclass
+class ReplayResult:
+    module_a: str
+    modules_b: list[str]
+    step: int
+    call: int
+    outputs: list[Pair]  # A's captured output vs B's replayed one, in A's names and layouts
+    params_loaded: bool  # A's parameters were loaded into B (else B's own were checked equal to them)
+    not_replayed: list[str] = field(default_factory=list)  # A outputs that B's replay does not make
+
+    @property
+    def verdict(self) -> Verdict:
+        """inherited: B's module makes A's outputs bitwise from A's inputs; differs: it does not; no
+        counterpart: none of A's outputs has a B counterpart in the map (replay the enclosing module)."""
+        if not self.outputs:
+            return "no counterpart"
+        return "inherited" if all(pair.bitwise for pair in self.outputs) else "differs"
+
+    @property
+    def first_difference(self) -> Pair | None:
+        return next((pair for pair in self.outputs if not pair.bitwise), None)
+
+
+def replay(module_b: Any, tree_a: str | Path | Tree, module_a: str, tensor_map: TensorMap | None = None,
+           step: int = 0, call: int = 0) -> ReplayResult:
+    """Replay call `call` of A's module `module_a` (its path in A's capture) in step `step` on B's module.
+
+    module_b: B's module object, or {B module path: object} when the map pairs several B modules with
+    module_a (a fused projection on one side, two on the other). Each B module gets its inputs through the
+    map; a B module whose inputs the map leaves out (the map's ignore list) takes the first one's.
+    """
+    from harness.capture.mapping import load_map
+
+    tensor_map = tensor_map or load_map(None)
+    tree = tree_a if isinstance(tree_a, Tree) else read_tree(tree_a)
+    dump = tree.step(step)
+    modules = _modules_b(module_b, module_a, tensor_map)
+    adapter = _adapter(next(iter(modules.values())))
+
+    inputs_a = _call_tensors(dump, module_a, call, "input")
+    outputs_a = _call_tensors(dump, module_a, call, "output")
+    if not outputs_a:
+        raise ReplayError(f"{tree.path}: step {step}: no output of {module_a} call {call} was stored "
+                          "(capture it in full, or give the module's path as captured)")
+    params_a = {name: np.asarray(dump.tensors[name]) for name in dump.tensors
+                if (parsed := TensorName.parse(name)) is not None and parsed.module == module_a and parsed.role == "param"}
+    given_b = tensor_map.to_b({**inputs_a, **params_a})
+
+    params_loaded = _put_parameters(adapter, modules, given_b)
+    made_b: dict[str, np.ndarray] = {}
+    first_inputs: tuple[list, dict] | None = None
+    for path, module in modules.items():
+        args, kwargs = _call_arguments(given_b, path, call)
+        if not args and not kwargs and first_inputs is not None:
+            args, kwargs = first_inputs
+        first_inputs = first_inputs or (args, kwargs)
+        device = adapter.model_device(module)
+        output = module(*[adapter.to_tensor(a, device, False) for a in args],
+                        **{k: adapter.to_tensor(v, device, False) for k, v in kwargs.items()})
+        for slot, tensor in _leaves(output, adapter.tensor_type()):
+            made_b[call_tensor(path, call, "output", slot)] = adapter.to_numpy(tensor)
+
+    made_a = tensor_map.to_a(Dump({}, made_b)).tensors
+    pairs, missing = [], []
+    for name, array in outputs_a.items():
+        if tensor_map.ignored("a", name):
+            continue
+        if name not in made_a:
+            missing.append(name)
+            continue
+        pairs.append(originate(name, array, np.asarray(made_a[name])))
+    return ReplayResult(module_a, list(modules), step, call, pairs, params_loaded, missing)
+
+
+def _modules_b(module_b: Any, module_a: str, tensor_map: TensorMap) -> dict[str, Any]:
+    if isinstance(module_b, Mapping):
+        if not module_b:
+            raise ReplayError(f"replay of {module_a}: no B module given")
+        return dict(module_b)
+    paired = tensor_map.module_pairs([module_a])[module_a]
+    if len(paired) > 1:
+        raise ReplayError(f"replay of {module_a}: the map pairs it with {', '.join(paired)}; give them as "
+                          "{B module path: module}")
+    return {paired[0] if paired else module_a: module_b}
+
+
+def _adapter(module: Any) -> FrameworkAdapter:
+    from harness.capture.api import adapter_of
+
+    return adapter_of(module)
+
+
+def _call_tensors(dump: Dump, module: str, call: int, role: str) -> dict[str, np.ndarray]:
+    prefix = call_tensor(module, call, role, "")
+    return {name: np.asarray(dump.tensors[name]) for name in (dump.order or dump.tensors)
+            if name.startswith(prefix) and name in dump.tensors}
+
+
+def _call_arguments(arrays: dict[str, np.ndarray], module: str, call: int) -> tuple[list, dict]:
+    """B's positional inputs (input.0, input.1, ...) and keyword inputs of one call."""
+    prefix = call_tensor(module, call, "input", "")
+    slots = {name[len(prefix):]: array for name, array in arrays.items() if name.startswith(prefix)}
+    positional = sorted((int(slot), array) for slot, array in slots.items() if slot.isdigit())
+    if [index for index, _ in positional] != list(range(len(positional))):
+        raise ReplayError(f"replay: inputs of {module} call {call} are not numbered 0..n-1: {sorted(slots)}")
+    return [array for _, array in positional], {slot: array for slot, array in slots.items() if not slot.isdigit()}
+
+
+def _put_parameters(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
+    """Load A's (mapped) parameters into B's modules where the adapter can; otherwise check B's own are
+    the same bits (ReplayError naming the first that is not). Returns whether they were loaded."""
+    loaded = True
+    for path, module in modules.items():
+        for name, param in adapter.own_parameters(module):
+            wanted = arrays.get(param_tensor(path, "param", name))
+            if wanted is None:
+                raise ReplayError(f"replay: A's capture gives no value for B's parameter {path}.{name}")
+            try:
+                adapter.load_parameter(param, wanted)
+                continue
+            except NotImplementedError:
+                loaded = False
+            have = adapter.to_numpy(param)
+            if have.dtype != wanted.dtype or have.shape != wanted.shape or have.tobytes() != wanted.tobytes():
+                raise ReplayError(f"replay: B's parameter {path}.{name} is not A's (mapped) and the "
+                                  f"{adapter.name} adapter cannot load parameters")
+    return loaded
+
+
+def _leaves(value: Any, tensor_type: type) -> list[tuple[str, Any]]:
+    """Tensor leaves of an output, numbered in order as the capture numbers them."""
+    found: list[tuple[str, Any]] = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, tensor_type):
+            found.append((str(len(found)), item))
+        elif isinstance(item, (tuple, list, dict)):
+            for child in item.values() if isinstance(item, dict) else item:
+                walk(child)
+
+    walk(value)
+    return found
+
+
+__all__ = ["ROOT", "ReplayError", "ReplayResult", "replay"]
