@@ -3,11 +3,13 @@ in digest mode and with full capture, interleaved in one run (the variants take 
 load from other processes hits them alike); medians, and each capture's ratio to the plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
+                                     [--device cpu|cuda]
 
 The model: megatron.core.transformer.mlp.MLP (ColumnParallelLinear -> bias SwiGLU -> RowParallelLinear), TP=1
 in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2). A captured step is
 forward + backward + cap.step() (which waits for the hashing and writes the step's dump); entering and
-leaving the capture are not timed. bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
+leaving the capture are not timed. On cuda the clock stops after a device synchronize (the capture copies
+every tensor to the host, which synchronizes anyway). bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
 The issue's target: digest mode <= 1.5x the plain step.
 """
 
@@ -41,6 +43,8 @@ def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
 def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
     output, bias = model(x)
     (output + bias).backward(grad)
+    if x.is_cuda:
+        torch.cuda.synchronize()
 
 
 def timed(model, x, grad, mode: str | None, folder: Path) -> float:
@@ -65,6 +69,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512, help="sequence length x batch")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.compiler.set_stance("force_eager")
@@ -72,10 +77,10 @@ def main() -> None:
     load = os.getloadavg()
     modes: list[str | None] = [None, "digest", "full"]
     times: dict[str | None, list[float]] = {mode: [] for mode in modes}
-    with one_process_group("cpu"), tempfile.TemporaryDirectory() as tmp:
-        model = build(args.hidden, args.ffn, dtype)
-        x = torch.randn(args.tokens, 1, args.hidden).to(dtype).requires_grad_()
-        grad = torch.randn(args.tokens, 1, args.hidden).to(dtype)
+    with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
+        model = build(args.hidden, args.ffn, dtype).to(args.device)
+        x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
+        grad = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype)
         for mode in modes:  # warm-up: first calls, allocator, the capture's imports
             timed(model, x, grad, mode, Path(tmp))
         for round_ in range(args.rounds):
@@ -84,8 +89,9 @@ def main() -> None:
         written = sum(f.stat().st_size for f in (Path(tmp) / "full").rglob("*") if f.is_file())
     params = sum(p.numel() for p in model.parameters())
     plain = statistics.median(times[None])
-    print(f"megatron-core MLP hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, "
-          f"{params:,} parameters, {torch.get_num_threads()} torch threads; median of {args.rounds} rounds")
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
+    print(f"megatron-core MLP hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
+          f"{params:,} parameters, {where}; median of {args.rounds} rounds")
     print(f"full capture writes {written / 2**20:.1f} MiB per step; load average before {load[0]:.2f}, after "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")
     for mode in modes:

@@ -341,7 +341,7 @@ def step_summary_text(step: StepComparison) -> str:
 def tree_verdict_text(tree: TreeComparison) -> str:
     """The trees' verdict after its label: steps compared, how many pass, the first divergence."""
     passing = sum(step.status == "pass" for step in tree.steps)
-    summary = f"{tree.a.side} vs {tree.b.side}: {len(tree.steps)} steps compared, {passing} pass"
+    summary = f"{tree.a.side} vs {tree.b.side}: {len(tree.steps)} step{'' if len(tree.steps) == 1 else 's'} compared, {passing} pass"
     if tree.findings:
         summary += "; " + "; ".join(findings_lines(tree.findings))
     return summary
