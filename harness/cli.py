@@ -287,15 +287,17 @@ class CaseProgress:
                                highlight=False, markup=False)
 
 
-def _write_outputs(args, comparisons, console: Console) -> None:
+def _write_outputs(args, comparisons, console: Console, json_writer=write_json, html_writer=write_reports) -> None:
+    """The JSON report (with --json) and the HTML report of what was compared (case comparisons, or a tree
+    comparison with its writers)."""
     if not comparisons:
         return
     if args.json:
         with _writing(args.json, "the JSON report"):
-            written = write_json(comparisons, args.json)
+            written = json_writer(comparisons, args.json)
         console.print(written_text("JSON", written), highlight=False, markup=False)
     with _writing(args.html, "the HTML report"):
-        written = write_reports(comparisons, args.html)
+        written = html_writer(comparisons, args.html)
     console.print(written_text("HTML report", written), highlight=False, markup=False)
 
 
@@ -441,13 +443,7 @@ def cmd_compare_trees(args, console: Console) -> int:
         with _writing(args.refetch, "the refetch list"):
             write_text_atomic(args.refetch, REFETCH_HEADER + yaml.safe_dump(sides, sort_keys=False))
         console.print(refetch_written_text(args.refetch, sides), highlight=False, markup=False)
-    if args.json:
-        with _writing(args.json, "the JSON report"):
-            written = write_tree_json(tree, args.json)
-        console.print(written_text("JSON", written), highlight=False, markup=False)
-    with _writing(args.html, "the HTML report"):
-        written = write_tree_report(tree, args.html)
-    console.print(written_text("HTML report", written), highlight=False, markup=False)
+    _write_outputs(args, tree, console, write_tree_json, write_tree_report)
     return EXIT_OK if tree.passed else EXIT_FAILED
 
 
