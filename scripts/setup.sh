@@ -9,3 +9,9 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 fi
 python3 -m pip install -q -r configs/requirements-cpu.txt -e ".[test]"
+# PaddleFormers' released LLaMA layers (examples/mlp_alignment/paddleformers_mlp.py): its requirements would
+# replace numpy and ml_dtypes, so the wheel and the few packages its LLaMA modules import go, without their
+# dependencies, into build/paddleformers (found there by the example, after everything installed)
+[ -d build/paddleformers/paddleformers-1.2.0.dist-info ] || python3 -m pip install -q --no-deps \
+    --target build/paddleformers paddleformers==1.2.0 transformers==5.3.0 huggingface-hub==1.33.0 \
+    tokenizers==0.22.2 colorlog==6.12.0 tqdm==4.70.1 psutil==7.2.2 omegaconf==2.4.0 aistudio-sdk==0.3.9

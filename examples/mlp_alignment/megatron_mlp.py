@@ -40,10 +40,11 @@ def megatron_group(device: str = "cpu") -> Iterator[None]:
         yield
 
 
-def mlp_config(hidden: int = HIDDEN, ffn: int = FFN, dtype: torch.dtype = torch.bfloat16) -> TransformerConfig:
+def mlp_config(hidden: int = HIDDEN, ffn: int = FFN, dtype: torch.dtype = torch.bfloat16,
+               bias: bool = True) -> TransformerConfig:
     return TransformerConfig(
         num_layers=1, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=4,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=True, bias_activation_fusion=True,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=bias, bias_activation_fusion=True,
         bf16=dtype == torch.bfloat16, params_dtype=dtype, use_cpu_initialization=True,
         hidden_dropout=0.0, attention_dropout=0.0, gradient_accumulation_fusion=False)
 
@@ -58,7 +59,7 @@ class MLPBlock(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         output, bias = self.mlp(hidden_states)
-        return output + bias
+        return output if bias is None else output + bias  # add_bias_linear=False: no bias
 
 
 def stance(eager: bool):
@@ -67,10 +68,10 @@ def stance(eager: bool):
 
 
 def build_megatron_mlp(hidden: int = HIDDEN, ffn: int = FFN, dtype: torch.dtype = torch.bfloat16,
-                       device: str = "cpu", seed: int = 0) -> MLPBlock:
+                       device: str = "cpu", seed: int = 0, bias: bool = True) -> MLPBlock:
     """The model, its parameters drawn from `seed` (normal, std 0.05 for weights and 0.5 for biases, so that
-    the biases matter), on `device`. Call inside `megatron_group(device)`."""
-    model = MLPBlock(mlp_config(hidden, ffn, dtype))
+    the biases matter), on `device`; `bias=False`: no biases (LLaMA's MLP). Call inside `megatron_group(device)`."""
+    model = MLPBlock(mlp_config(hidden, ffn, dtype, bias))
     load_parameters(model, demo_parameters(model, seed))
     return model.to(device)
 
