@@ -1,9 +1,8 @@
 """Paddle side of the demo: a SwiGLU MLP written the way PaddleFormers writes it, with variants of its
 bf16 rounding.
 
-PaddleFormers itself does not install here: `pip install --dry-run paddleformers` (1.2.0) would replace
-numpy 2.4.6 with 1.26.4 and ml_dtypes 0.6.0 with 0.5.4 (and add transformers 5.3.0, datasets, ...), so it
-was not installed. The structure below follows its code:
+The released PaddleFormers classes cannot run in bf16 on CPU (no bf16 matmul kernel); they are compared in
+fp32 in paddleformers_mlp.py. These bf16 variants follow their structure:
 
 - PaddlePaddle/PaddleFormers@08a66deb313fb05e850edc83f9cd39b8f3668a1b paddleformers/nn/mlp.py `MLP`
   (used by paddleformers/transformers/llama/modeling.py LlamaDecoderLayer as `self.mlp = MLP(config)`,
