@@ -3,6 +3,11 @@
 MD5 is the digest users see and baselines keep. A dump also records XXH3-128 of the same bytes: about
 50x cheaper, so that every read can check the bytes against the record (`verify`). Older dumps,
 without it, are checked by MD5.
+
+A tensor a capture recorded with hash="fast" (digest only, never stored) has fast64
+(harness.capture.fast_hash) instead of MD5. Two digests are equal when dtype and shape agree and so does
+a hash both record: MD5 where both have it, else fast64; two digests that share no hash are never equal
+(`comparable` tells that case apart).
 """
 
 from __future__ import annotations
@@ -22,13 +27,38 @@ from harness.dtypes import dtype_name, unsigned_view
 _PARALLEL_BYTES = 1 << 20  # below this in all, hashing in threads costs more than it saves
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Digest:
     dtype: str
     shape: tuple[int, ...]
-    md5: str
-    # Not part of a digest's identity (excluded from ==): older dumps and goldens do not record it.
-    xxh3: str | None = field(default=None, compare=False)
+    md5: str | None  # None only for a tensor captured with hash="fast" (then fast64 is set)
+    # Not part of a digest's identity: older dumps and goldens do not record it.
+    xxh3: str | None = field(default=None)
+    fast64: str | None = field(default=None)  # harness.capture.fast_hash, where recorded
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Digest):
+            return NotImplemented
+        if self.dtype != other.dtype or tuple(self.shape) != tuple(other.shape):
+            return False
+        kind = self.shared_hash(other)
+        return kind is not None and getattr(self, kind) == getattr(other, kind)
+
+    def __hash__(self) -> int:
+        return hash((self.dtype, tuple(self.shape)))
+
+    def shared_hash(self, other: Digest) -> str | None:
+        """The hash both record, by which they are compared: "md5", else "fast64"; None: none."""
+        if self.md5 is not None and other.md5 is not None:
+            return "md5"
+        if self.fast64 is not None and other.fast64 is not None:
+            return "fast64"
+        return None
+
+    @property
+    def label(self) -> str:
+        """The hash to show: the MD5, or (no MD5 recorded) "fast:" and the fast64."""
+        return self.md5 if self.md5 is not None else f"fast:{self.fast64}"
 
     @classmethod
     def of(cls, array: np.ndarray, xxh3: bool = True) -> Digest:
@@ -37,15 +67,21 @@ class Digest:
         return digests_of({"": array}, xxh3=xxh3)[""]
 
     def to_json(self, xxh3: bool = False) -> dict:
-        """dtype, shape and MD5; with `xxh3`, the XXH3-128 too (as a dump records it)."""
-        data = {"dtype": self.dtype, "shape": list(self.shape), "md5": self.md5}
+        """dtype, shape and MD5 (fast64 where recorded); with `xxh3`, the XXH3-128 too (as a dump records it)."""
+        data: dict = {"dtype": self.dtype, "shape": list(self.shape)}
+        if self.md5 is not None:
+            data["md5"] = self.md5
         if xxh3 and self.xxh3 is not None:
             data["xxh3"] = self.xxh3
+        if self.fast64 is not None:
+            data["fast64"] = self.fast64
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> Digest:
-        return cls(data["dtype"], tuple(data["shape"]), data["md5"], data.get("xxh3"))
+        if data.get("md5") is None and data.get("fast64") is None:
+            raise KeyError("md5")
+        return cls(data["dtype"], tuple(data["shape"]), data.get("md5"), data.get("xxh3"), data.get("fast64"))
 
 
 def _raw(array: np.ndarray) -> np.ndarray:
@@ -99,7 +135,7 @@ def verify(arrays: Mapping[str, np.ndarray], digests: Mapping[str, Digest], thre
     Bytes are checked by XXH3-128 where the digest records it, else by MD5. Every name in `arrays`
     must have a digest; names of `digests` without an array are not looked at.
     """
-    def hash_of(array: np.ndarray, digest: Digest) -> tuple[str, str]:
+    def hash_of(array: np.ndarray, digest: Digest) -> tuple[str, str | None]:
         raw = _raw(array)
         return (_xxh3(raw), digest.xxh3) if digest.xxh3 is not None else (_md5(raw), digest.md5)
 

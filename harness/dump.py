@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
@@ -24,6 +25,7 @@ from harness.errors import OutputError, XfalignError, field_text, safe_name, val
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
 META_FILE = "meta.json"
+_FAST64 = re.compile(r"^[0-9a-f]{16}$")
 
 
 class TensorEntry(BaseModel):
@@ -33,10 +35,19 @@ class TensorEntry(BaseModel):
     name: str
     dtype: str
     shape: list[int]
-    md5: str
+    md5: str | None = None  # always set for a stored tensor; None only with fast64 (hash="fast")
     xxh3: str | None = None
+    fast64: str | None = None  # harness.capture.fast_hash: a digest-only tensor captured with hash="fast"
     stored: bool = True  # False: only the digests (and stats) were kept (a capture in digest mode)
     stats: TensorStats | None = None
+
+    @model_validator(mode="after")
+    def _has_a_digest(self) -> TensorEntry:
+        if self.md5 is None and (self.stored or self.fast64 is None):
+            raise ValueError("needs an md5" + ("" if self.stored else " or a fast64"))
+        if self.fast64 is not None and not _FAST64.match(self.fast64):
+            raise ValueError(f"fast64 {self.fast64!r} is not 16 hex digits")
+        return self
 
 
 class DumpMeta(BaseModel):
@@ -202,7 +213,7 @@ class Dump:
     # forward -> backward order; a read dump's are CheckedTensors (bytes checked before use)
     tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
     # tensors recorded without their bytes: name -> {"dtype", "shape", "md5", "xxh3", "stats"} (a capture in
-    # digest mode); `digests` covers them, `tensors` does not
+    # digest mode; with hash="fast": "fast64" instead of "md5" and "xxh3"); `digests` covers them, `tensors` does not
     unstored: dict[str, dict] = field(default_factory=dict)
     stats: dict[str, dict] = field(default_factory=dict)  # name -> TensorStats fields, for stored tensors
     order: list[str] | None = None  # every tensor's name, stored or not, in the order to record them

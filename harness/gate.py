@@ -39,7 +39,7 @@ from harness.atomic import fsync_dir, pause, stage_file, write_atomic
 from harness.capture.format import TensorName
 from harness.capture.tree import read_tree
 from harness.compare.findings import GOLDEN, Finding, judged
-from harness.compare.pairs import originate
+from harness.compare.pairs import DigestPair, originate
 from harness.digest import Digest, verify
 from harness.dump import Dump, DumpError, IntegrityError
 from harness.errors import OutputError, XfalignError, safe_name
@@ -56,11 +56,12 @@ from harness.reports.text import (
 from harness.runner import CaseRun
 
 FORMAT = "xfalign-golden/1"
-_DIGEST_LINE = re.compile(r"^(\w+) \[([\d, ]*)\] ([0-9a-f]{32})$")
+_DIGEST_LINE = re.compile(r"^(\w+) \[([\d, ]*)\] (?:([0-9a-f]{32})|fast64:([0-9a-f]{16}))$")
 
 
 def _digest_text(d: Digest) -> str:
-    return f"{d.dtype} [{', '.join(map(str, d.shape))}] {d.md5}"
+    """`dtype [shape] md5`, or `... fast64:<hex>` for a tensor captured with the fast hash only."""
+    return f"{d.dtype} [{', '.join(map(str, d.shape))}] " + (d.md5 if d.md5 is not None else f"fast64:{d.fast64}")
 
 
 def _parse_digest(text: str) -> Digest:
@@ -68,7 +69,7 @@ def _parse_digest(text: str) -> Digest:
     if not match:
         raise ValueError(f"not a digest line: {text!r}")
     shape = tuple(int(n) for n in match[2].split(",") if n.strip())
-    return Digest(match[1], shape, match[3])
+    return Digest(match[1], shape, match[3], fast64=match[4])
 
 
 class GoldenError(DumpError):
@@ -355,7 +356,7 @@ def _drift(side: str, name: str, old: Digest | None, new: Digest | None, golden:
         return []
     where = f"{side}/{name}"
     if old is not None and new is not None and (golden.arrays is None or where not in golden.arrays):
-        return [Finding("digest", where, False, {"a": old.md5, "b": new.md5, "values": False}, GOLDEN)]
+        return judged(DigestPair(where, old, new, digests_only=()).compare(), False, GOLDEN)
     pair = originate(where, golden.arrays.get(where) if golden.arrays else None, now.get(name), (old, new))
     return judged(pair.compare(), False, GOLDEN)
 

@@ -1,15 +1,22 @@
 """Capture overhead: the step time (forward + backward) of a megatron-core MLP without capture, with capture
-in digest mode and with full capture, interleaved in one run (the variants take turns each round, so that
-load from other processes hits them alike); medians, and each capture's ratio to the plain step.
+in digest mode (per hash asked for) and with full capture, interleaved in one run (the variants take turns
+each round, so that load from other processes hits them alike); medians, and each capture's ratio to the
+plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
-                                     [--device cpu|cuda]
+                                     [--device cpu|cuda] [--hash md5|fast ...]
+
+--hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
+and "fast" (fast64 and the stats computed where the tensor lives, harness.capture.fast_hash: on a GPU by
+torch ops, one transfer of a few scalars per tensor at cap.step(); on the CPU by numpy in the hook, on the
+tensor's own memory, no copy).
 
 The model: megatron.core.transformer.mlp.MLP (ColumnParallelLinear -> bias SwiGLU -> RowParallelLinear), TP=1
 in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2). A captured step is
 forward + backward + cap.step() (which waits for the hashing and writes the step's dump); entering and
 leaving the capture are not timed. On cuda the clock stops after a device synchronize (the capture copies
-every tensor to the host, which synchronizes anyway). bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
+every tensor to the host, which synchronizes anyway; hash "fast" synchronizes once, at cap.step()).
+bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
 The issue's target: digest mode <= 1.5x the plain step.
 """
 
@@ -47,14 +54,15 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> N
         torch.cuda.synchronize()
 
 
-def timed(model, x, grad, mode: str | None, folder: Path) -> float:
+def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path) -> float:
     for param in model.parameters():
         param.grad = None
-    if mode is None:
+    if variant is None:
         start = time.perf_counter()
         train_step(model, x, grad)
         return time.perf_counter() - start
-    with capture(model, folder / mode, mode=mode) as cap:
+    mode, hash_ = variant
+    with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_) as cap:
         start = time.perf_counter()
         train_step(model, x, grad)
         cap.step()
@@ -70,13 +78,15 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--hash", choices=("md5", "fast"), nargs="+", default=["md5"],
+                        help="the digest mode's hash(es), each a variant")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.compiler.set_stance("force_eager")
     torch.manual_seed(0)
     load = os.getloadavg()
-    modes: list[str | None] = [None, "digest", "full"]
-    times: dict[str | None, list[float]] = {mode: [] for mode in modes}
+    modes: list[tuple[str, str] | None] = [None, *(("digest", h) for h in dict.fromkeys(args.hash)), ("full", "md5")]
+    times: dict[tuple[str, str] | None, list[float]] = {mode: [] for mode in modes}
     with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
         model = build(args.hidden, args.ffn, dtype).to(args.device)
         x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
@@ -84,9 +94,10 @@ def main() -> None:
         for mode in modes:  # warm-up: first calls, allocator, the capture's imports
             timed(model, x, grad, mode, Path(tmp))
         for round_ in range(args.rounds):
-            for mode in modes[round_ % 3:] + modes[:round_ % 3]:  # a different variant first each round
+            turn = round_ % len(modes)
+            for mode in modes[turn:] + modes[:turn]:  # a different variant first each round
                 times[mode].append(timed(model, x, grad, mode, Path(tmp)))
-        written = sum(f.stat().st_size for f in (Path(tmp) / "full").rglob("*") if f.is_file())
+        written = sum(f.stat().st_size for f in (Path(tmp) / "full-md5").rglob("*") if f.is_file())
     params = sum(p.numel() for p in model.parameters())
     plain = statistics.median(times[None])
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
@@ -96,8 +107,8 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")
     for mode in modes:
         median = statistics.median(times[mode])
-        label = "no capture" if mode is None else f"capture, {mode}"
-        print(f"  {label:<18} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
+        label = "no capture" if mode is None else "capture, full" if mode[0] == "full" else f"capture, digest {mode[1]}"
+        print(f"  {label:<22} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
               f"(min {min(times[mode]) * 1e3:.1f}, max {max(times[mode]) * 1e3:.1f})")
 
 

@@ -12,7 +12,10 @@ Forward records are in the order calls return (a module's after those of the mod
 first divergent output in record order is the earliest computed one; backward records in the order the
 gradients arrive. The framework is found by the adapters (harness.frameworks), which own the hook code.
 Tensors are copied to the host in the hooks and hashed (digest modes) on a thread pool while the step
-goes on; `step()` waits for that work before it writes.
+goes on; `step()` waits for that work before it writes. With hash="fast" (digest modes) a tensor is not
+copied: the adapter computes its fast64 (harness.capture.fast_hash) and statistics where it lives (on the
+GPU for a CUDA tensor), and `step()` moves those few scalars of every tensor to the host at once; no MD5
+is recorded for such a tensor (tensors kept in full still get one).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import yaml
 
 from harness import __version__, fingerprint
 from harness.atomic import remove_tree, write_text_atomic
+from harness.capture.fast_hash import HASHES, PendingDigest, fast_entry
 from harness.capture.format import (
     CAPTURE_FORMAT,
     MANIFEST_FILE,
@@ -112,7 +116,8 @@ class _Step:
     """What one step has recorded so far."""
 
     records: list[tuple[str, int | None, str, list[str]]] = field(default_factory=list)
-    results: dict[str, tuple[np.ndarray | None, Future]] = field(default_factory=dict)  # name -> (stored, work)
+    # name -> (stored array, its work: a Future, or a PendingDigest started on the tensor's device)
+    results: dict[str, tuple[np.ndarray | None, Future | PendingDigest]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # module -> calls begun
     open_calls: dict[str, list[tuple[int, list[str]]]] = field(default_factory=dict)  # module -> (call, inputs)
     backward: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # its record's tensor list
@@ -128,9 +133,12 @@ class Capture:
     def __init__(self, model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
                  types: Iterable[str | type] | None = None, side: str | None = None,
                  refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, hash: str = "md5"):
         if mode not in MODES:
             raise CaptureError(f"capture: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        if hash not in HASHES:
+            raise CaptureError(f"capture: unknown hash {hash!r}; expected one of {', '.join(HASHES)}")
+        self.hash = hash
         self.model, self.path, self.mode = model, Path(path), mode
         self.adapter = adapter_of(model)
         self.side = side or self.adapter.name
@@ -272,15 +280,24 @@ class Capture:
         if seen is not None and seen[0]() is tensor and seen[1:] == (version, full):
             step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
             return name
-        array = self.adapter.host_copy(tensor)
+        fast = self.hash == "fast" and not full
         try:
-            dtype_name(array.dtype)
+            pending = self.adapter.device_digest(tensor) if fast else None
         except ValueError:
-            step.skipped.append(f"{name} ({array.dtype})")
+            step.skipped.append(f"{name} ({getattr(tensor, 'dtype', type(tensor).__name__)})")
             return None
-        assert self._pool is not None
-        step.results[name] = (array, self._pool.submit(tensor_stats, array)) if full else \
-            (None, self._pool.submit(digest_entry, array))
+        if pending is not None:
+            step.results[name] = (None, pending)
+        else:
+            array = self.adapter.host_copy(tensor)
+            try:
+                dtype_name(array.dtype)
+            except ValueError:
+                step.skipped.append(f"{name} ({array.dtype})")
+                return None
+            assert self._pool is not None
+            step.results[name] = (array, self._pool.submit(tensor_stats, array)) if full else \
+                (None, self._pool.submit(fast_entry if fast else digest_entry, array))
         if version is not None:
             try:
                 step.seen[id(tensor)] = (weakref.ref(tensor), version, full, name)
@@ -375,6 +392,11 @@ class Capture:
         unstored: dict[str, dict] = {}
         stats: dict[str, dict] = {}
         order = [name for *_, names in step.records for name in names]
+        pending = list({id(work): work for _, work in step.results.values()
+                        if isinstance(work, PendingDigest) and work.entry is None}.values())
+        if pending:  # the device scalars of every fast digest, moved to the host together
+            for started, row in zip(pending, self.adapter.collect_digests([p.values for p in pending]), strict=True):
+                started.settle(row)
         for name in order:
             array, work = step.results[name]
             if array is None:
@@ -395,17 +417,19 @@ class Capture:
     def _provenance(self) -> str:
         script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else "an interactive session"
         chosen = ", ".join(self.module_globs + [getattr(t, "__name__", str(t)) for t in self.types])
-        return f"capture ({self.mode}) of {self.root} modules [{chosen}] by {script}"
+        how = f"{self.mode}, fast hash" if self.hash == "fast" and self.mode != "full" else self.mode
+        return f"capture ({how}) of {self.root} modules [{chosen}] by {script}"
 
 
 def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
             types: Iterable[str | type] | None = None, side: str | None = None,
             refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-            threads: int | None = None) -> Capture:
+            threads: int | None = None, hash: str = "md5") -> Capture:
     """Capture `model` (a module of any framework whose adapter supports capture) into the tree at `path`; see the module's
     note. modules: fnmatch globs on module paths ("(root)" is the model); types: class names or classes,
     selected as well; side: the name in the dumps (default: the framework adapter's name);
     refetch (mode "digests-then-full"): the module globs, or the YAML file listing them, kept in full;
-    threads: the hashing pool's size."""
+    threads: the hashing pool's size; hash (digest modes): "md5" (MD5 + XXH3 of a host copy) or "fast"
+    (fast64, computed where the tensor lives: harness.capture.fast_hash)."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
-                   provenance=provenance, threads=threads)
+                   provenance=provenance, threads=threads, hash=hash)

@@ -4,7 +4,7 @@
 - ExactPair: integer or bool values: equal or not, no distance;
 - OneSidedPair: a tensor only one side produced;
 - DigestPair: a side recorded only the tensor's digests (a capture in digest mode): equal or not by
-  dtype, shape and MD5, no distance;
+  dtype, shape and MD5 (fast64 where a side has no MD5: a capture with hash="fast"), no distance;
 - MismatchedPair: dtypes or shapes differ (values compared flattened where dtype and size agree).
 
 `originate` is the one place where two arrays become a Pair. `Pair.compare()` lists the differences
@@ -14,10 +14,11 @@ as failing Findings (a bitwise judgement); an expectation (expectations.py) may 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from harness.capture.fast_hash import fast64
 from harness.compare.findings import Finding
 from harness.compare.heatmap import MismatchMap
 from harness.compare.metrics import ElementStats, element_stats_and_map
@@ -130,7 +131,9 @@ class OneSidedPair(Pair):
 @dataclass
 class DigestPair(Pair):
     """At least one side kept only the digests (and stats): the verdict is the digests' (dtype, shape,
-    MD5); a stored side counts by its recorded digest. No values, so no distance: a tolerance cannot be
+    MD5, or fast64 where a side recorded no MD5); a stored side counts by its recorded digest (its fast64
+    computed from its values where the other side has only that). Two sides that share no hash cannot be
+    compared: a failing "digest" finding that says so. No values, so no distance: a tolerance cannot be
     checked on a differing DigestPair (expectations.Tolerance says it needs full tensors)."""
 
     a: Digest
@@ -139,17 +142,40 @@ class DigestPair(Pair):
     stats: tuple[dict | None, dict | None] = (None, None)  # each side's recorded TensorStats fields, if any
 
     def compare(self) -> list[Finding]:
-        findings = []
-        if self.a.dtype != self.b.dtype:
-            findings.append(Finding("dtype", self.name, False, {"a": self.a.dtype, "b": self.b.dtype}))
-        if self.a.shape != self.b.shape:
-            findings.append(Finding("shape", self.name, False, {"a": list(self.a.shape), "b": list(self.b.shape),
-                                                                "flattened": False}))
-        if self.a.md5 != self.b.md5 and not findings:
-            findings.append(Finding("digest", self.name, False, {
-                "a": self.a.md5, "b": self.b.md5, "values": False, "digests_only": list(self.digests_only),
-                "stats": {"a": self.stats[0], "b": self.stats[1]}}))
+        findings = _layout_findings(self.name, self.a, self.b, flattened=False)
+        if findings:
+            return findings
+        kind = self.a.shared_hash(self.b)
+        if kind is None:
+            return [Finding("digest", self.name, False, {
+                "a": self.a.label, "b": self.b.label, "values": False, "digests_only": list(self.digests_only),
+                "comparable": False, "hashes": [_hash_kind(self.a), _hash_kind(self.b)]})]
+        if getattr(self.a, kind) != getattr(self.b, kind):
+            data = {"a": getattr(self.a, kind), "b": getattr(self.b, kind), "values": False,
+                    "digests_only": list(self.digests_only), "stats": {"a": self.stats[0], "b": self.stats[1]}}
+            findings.append(Finding("digest", self.name, False, data if kind == "md5" else {**data, "hash": kind}))
         return findings
+
+
+def _layout_findings(name: str, a: Digest, b: Digest, flattened: bool) -> list[Finding]:
+    """Failing findings for a dtype and a shape that differ (`flattened`: the values are compared anyway)."""
+    findings = []
+    if a.dtype != b.dtype:
+        findings.append(Finding("dtype", name, False, {"a": a.dtype, "b": b.dtype}))
+    if a.shape != b.shape:
+        findings.append(Finding("shape", name, False, {"a": list(a.shape), "b": list(b.shape), "flattened": flattened}))
+    return findings
+
+
+def _hash_kind(digest: Digest) -> str:
+    return "md5" if digest.fast64 is None else "fast64" if digest.md5 is None else "md5+fast64"
+
+
+def _with_fast64(digest: Digest, array: np.ndarray | None, other: Digest) -> Digest:
+    """A stored side's digest, with the fast64 of its values where the other side recorded only fast64."""
+    if array is None or digest.fast64 is not None or other.md5 is not None or other.fast64 is None:
+        return digest
+    return replace(digest, fast64=fast64(array))
 
 
 @dataclass
@@ -163,12 +189,7 @@ class MismatchedPair(Pair):
         return self.flattened
 
     def compare(self) -> list[Finding]:
-        findings = []
-        if self.a.dtype != self.b.dtype:
-            findings.append(Finding("dtype", self.name, False, {"a": self.a.dtype, "b": self.b.dtype}))
-        if self.a.shape != self.b.shape:
-            findings.append(Finding("shape", self.name, False, {"a": list(self.a.shape), "b": list(self.b.shape),
-                                                                "flattened": self.flattened is not None}))
+        findings = _layout_findings(self.name, self.a, self.b, flattened=self.flattened is not None)
         return findings + (self.flattened.compare() if self.flattened else [])
 
 
@@ -195,7 +216,7 @@ def originate(name: str, a: np.ndarray | None, b: np.ndarray | None,
         return OneSidedPair(name, da, db)
     if a is None or b is None:
         only = tuple(side for side, array in (("A", a), ("B", b)) if array is None)
-        return DigestPair(name, da, db, only, stats)
+        return DigestPair(name, _with_fast64(da, a, db), _with_fast64(db, b, da), only, stats)
     da, db = da or Digest.of(a), db or Digest.of(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         flattened = _values_pair(name, a, b, (da, db), checks) if a.dtype == b.dtype and a.size == b.size else None

@@ -7,9 +7,12 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from harness.capture.fast_hash import PendingDigest
 
 
 class FrameworkAdapter(ABC):
@@ -145,6 +148,18 @@ class FrameworkAdapter(ABC):
         """The tensor's exact bits as a numpy array that owns its memory (later in-place updates of the
         tensor do not reach it): a device tensor is copied to the host once."""
         return np.array(self.to_numpy(tensor), copy=True)
+
+    def device_digest(self, tensor: Any) -> PendingDigest | None:
+        """Start the fast digest (harness.capture.fast_hash) and the statistics of `tensor` where it lives,
+        without copying it to the host; `collect_digests` reads the handle's values at the step's end.
+        None: this adapter has no such path (the capture hashes a host copy with numpy instead).
+        ValueError: a dtype no dump holds."""
+        return None
+
+    def collect_digests(self, handles: list) -> np.ndarray:
+        """The values (fast_hash.SLOTS, float64) of the handles `device_digest` made, one row each, moved to
+        the host together: one synchronisation per step."""
+        raise NotImplementedError(f"{self.name}: no device digests")
 
     def tensor_version(self, tensor: Any) -> int | None:
         """A counter the framework bumps on every in-place change of the tensor (None: no such counter):

@@ -163,6 +163,12 @@ class PaddleAdapter(FrameworkAdapter):
     def tensor_version(self, tensor) -> int | None:
         return tensor.inplace_version
 
+    def device_digest(self, tensor) -> None:
+        # The fast digest of a Paddle tensor is the numpy one of its host copy (harness.capture.fast_hash,
+        # on the capture's thread pool): this project's Paddle builds are CPU only, where the copy is a
+        # memcpy; a Paddle-ops version for a GPU build is not written yet (it would copy to the host).
+        return None
+
     def model_device(self, model) -> str:
         param = next(iter(model.parameters()), None)
         return "cuda" if param is not None and param.place.is_gpu_place() else "cpu"

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.capture import fast_hash
+from harness.capture.fast_hash import SLOTS, PendingDigest, settled_digest
+from harness.dtypes import dtype_name
 from harness.fingerprint import cuda_library, nvidia_smi, version_of
 from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
 
@@ -231,6 +234,33 @@ class TorchAdapter(FrameworkAdapter):
     def tensor_version(self, tensor) -> int | None:
         return tensor._version
 
+    # A CPU tensor is hashed at once by numpy, on its own memory (no copy): measured faster than torch ops
+    # in float64 and than a host copy hashed on the capture's pool (scripts/bench_capture.py). On a GPU,
+    # torch ops (`device_digest` below).
+    digest_on_cpu = False  # True: torch ops on the CPU too
+
+    def device_digest(self, tensor) -> PendingDigest | None:
+        if tensor.device.type == "cpu" and not self.digest_on_cpu:
+            if dtype_name_of(tensor) is None:
+                raise ValueError(f"unsupported dtype {tensor.dtype}")
+            return settled_digest(self.to_numpy(tensor))
+        return device_digest(tensor)
+
+    def collect_digests(self, handles: list) -> np.ndarray:
+        import torch
+
+        if not handles:
+            return np.zeros((0, len(SLOTS)))
+        # one transfer (and one synchronisation) per device for every digest of the step
+        rows: dict[int, np.ndarray] = {}
+        by_device: dict = {}
+        for index, handle in enumerate(handles):
+            by_device.setdefault(handle.device, []).append(index)
+        for indices in by_device.values():
+            moved = torch.stack([handles[i] for i in indices]).cpu().numpy()
+            rows.update(zip(indices, moved))
+        return np.stack([rows[i] for i in range(len(handles))])
+
     def model_device(self, model) -> str:
         param = next(model.parameters(), None)
         return "cuda" if param is not None and param.device.type == "cuda" else "cpu"
@@ -287,6 +317,97 @@ class TorchAdapter(FrameworkAdapter):
                        "cudnn_deterministic": torch.backends.cudnn.deterministic,
                        "cudnn_benchmark": torch.backends.cudnn.benchmark}
         return fields
+
+
+_DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump holds it)
+_CONSTANTS: dict = {}  # (device, table) -> W or V (int64, the uint64 bits) on that device
+_CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
+
+
+def dtype_name_of(tensor) -> str | None:
+    """The name (harness.dtypes) of the numpy dtype a torch tensor's bits become; None: none a dump holds."""
+    import torch
+
+    if tensor.dtype not in _DTYPES:
+        try:
+            _DTYPES[tensor.dtype] = dtype_name(TorchAdapter().to_numpy(torch.empty(0, dtype=tensor.dtype)).dtype)
+        except (TypeError, ValueError):
+            _DTYPES[tensor.dtype] = None
+    return _DTYPES[tensor.dtype]
+
+
+def _table(device, name: str, count: int):
+    import torch
+
+    key = (str(device), name)
+    table = _CONSTANTS.get(key)
+    if table is None or table.numel() < count:
+        values = fast_hash.block_weights() if name == "W" else fast_hash.block_factors(max(count, 1) * 2)
+        table = torch.from_numpy(values.view(np.int64).copy()).to(device)
+        _CONSTANTS[key] = table
+    return table[:count]
+
+
+def block_sum(tensor):
+    """S of harness.capture.fast_hash, computed where the tensor lives: a 0-dim int64 tensor (the uint64's
+    bits) on its device; torch's int64 arithmetic wraps mod 2**64, as the definition asks. Few kernels:
+    on a GPU each launch costs more than the work of a small tensor."""
+    import torch
+
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    nbytes = raw.numel()
+    if nbytes == 0:
+        return torch.zeros((), dtype=torch.int64, device=raw.device)
+    if raw.storage_offset() % 4:  # int32 words need 4-byte aligned storage
+        raw = raw.clone()
+    block_bytes = 4 * fast_hash.BLOCK
+    full = nbytes // block_bytes
+    weights = _table(raw.device, "W", fast_hash.BLOCK)
+    factors = _table(raw.device, "V", fast_hash.blocks_of(nbytes))
+    parts = []
+    for start in range(0, full, _CHUNK_BLOCKS):
+        stop = min(full, start + _CHUNK_BLOCKS)
+        words = raw[start * block_bytes: stop * block_bytes].view(torch.int32).view(stop - start, fast_hash.BLOCK)
+        inner = (words.to(torch.int64) * weights).sum(dim=1)
+        parts.append((inner * factors[start:stop]).sum())
+    tail = raw[full * block_bytes:]
+    if tail.numel():
+        if tail.numel() % 4:  # zero padding to whole words
+            padded = torch.zeros(fast_hash.words_of(tail.numel()) * 4, dtype=torch.uint8, device=raw.device)
+            padded[:tail.numel()] = tail
+            tail = padded
+        words = tail.view(torch.int32).to(torch.int64)
+        parts.append((words * weights[:words.numel()]).sum() * factors[full])
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+
+
+def device_digest(tensor) -> PendingDigest:
+    """The fast digest and statistics of a torch tensor, started where it lives (no host copy, no
+    synchronisation: on a GPU the kernels run in stream order, before any later in-place change of the
+    tensor); ValueError for a dtype no dump holds. The handle: fast_hash.SLOTS as float64 (the count of
+    finite values as the element count here; PendingDigest.settle takes NaN and Inf off)."""
+    import torch
+
+    name = dtype_name_of(tensor)
+    if name is None:
+        raise ValueError(f"unsupported dtype {tensor.dtype}")
+    detached = tensor.detach()
+    values = detached.reshape(-1).to(torch.float64)
+    s = block_sum(detached).reshape(1).view(torch.float64)
+    if not values.numel():
+        scalars = values.new_zeros(6)
+    elif tensor.is_floating_point():
+        nan, inf = torch.isnan(values).sum(dtype=torch.float64), torch.isinf(values).sum(dtype=torch.float64)
+        kept = torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)  # adds nothing to the sums
+        low = torch.nan_to_num(values, nan=torch.inf, neginf=torch.inf).min()
+        high = torch.nan_to_num(values, nan=-torch.inf, posinf=-torch.inf).max()
+        scalars = torch.stack([kept.sum(), torch.dot(kept, kept), low, high, nan, inf])
+    else:  # integers and bools: every value finite
+        low, high = torch.aminmax(values)
+        zero = values.new_zeros(())
+        scalars = torch.stack([values.sum(), torch.dot(values, values), low, high, zero, zero])
+    handle = torch.cat([scalars[:4], values.new_full((1,), float(values.numel())), scalars[4:], s])
+    return PendingDigest(name, tuple(int(n) for n in tensor.shape), detached.numel() * detached.element_size(), handle)
 
 
 def _destroy_process_groups() -> None:

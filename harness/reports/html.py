@@ -29,6 +29,7 @@ from harness.reports.text import (
     dtype_text,
     expectation_text,
     findings_lines,
+    hash_text,
     index_title,
     map_text,
     nondeterministic_text,
@@ -74,7 +75,8 @@ def _tensor_view(result: TensorResult, first_divergent: str | None) -> dict:
     view = {
         "name": pair.name, "anchor": "t-" + pair.name.replace(".", "-"),
         "shape": list(pair.digest.shape), "dtype": dtype_text(pair, " / "),
-        "md5_a": pair.a.md5 if pair.a else "-", "md5_b": pair.b.md5 if pair.b else "-",
+        "md5_a": hash_text(pair.a, short=False), "md5_b": hash_text(pair.b, short=False),
+        "md5_a_short": hash_text(pair.a), "md5_b_short": hash_text(pair.b),
         "bitwise": pair.bitwise, "holds": result.holds, "expectation": expectation_text(result),
         "findings": _finding_lines(result),
         "first_divergent": pair.name == first_divergent, "stats": None,

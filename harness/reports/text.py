@@ -35,6 +35,16 @@ def yes_no(value: bool, no: str = "no") -> str:
     return "yes" if value else no
 
 
+def hash_text(digest, short: bool = True) -> str:
+    """A side's hash in the "md5" columns: its MD5 (the first 8 hex digits when `short`), or, for a tensor
+    captured with hash="fast" (no MD5), "fast:" and its fast64; NOT_MEASURED for a side without the tensor."""
+    if digest is None:
+        return NOT_MEASURED
+    if digest.md5 is not None:
+        return digest.md5[:8] if short else digest.md5
+    return "fast:" + (digest.fast64[:8] if short else digest.fast64)
+
+
 # -- numbers of a pair ---------------------------------------------------------------------------------
 
 
@@ -111,7 +121,9 @@ def _float_values(d: dict) -> str:
 
 
 def _digest(d: dict | None) -> str:
-    return "none" if d is None else f"{d['dtype']} {d['shape']} {d['md5'][:8]}"
+    if d is None:
+        return "none"
+    return f"{d['dtype']} {d['shape']} " + (d["md5"][:8] if d.get("md5") else f"fast:{d.get('fast64', '')[:8]}")
 
 
 def _recorded(value) -> str:
@@ -131,14 +143,24 @@ def _stats_change(stats: dict) -> str:
 
 
 def _digest_change(d: dict) -> str:
-    change = f"digest {d['a'][:8]} → {d['b'][:8]}"
+    if d.get("comparable") is False:  # a capture with hash="fast" against one with MD5 only
+        hashes = d.get("hashes") or ["?", "?"]
+        return (f"not comparable: side A recorded {_HASH_NAMES.get(hashes[0], hashes[0])}, side B "
+                f"{_HASH_NAMES.get(hashes[1], hashes[1])}; capture both with the same hash "
+                "(capture(..., hash=\"md5\") or hash=\"fast\" on both sides)")
+    if d.get("hash") == "fast64":
+        change = f"fast hash {d['a'][:8]} → {d['b'][:8]}"
+    else:
+        change = f"digest {d['a'][:8]} → {d['b'][:8]}"
     if d["values"]:
         return change + ", yet every element is equal"
-    if "digests_only" in d:  # a capture in digest mode
+    if d.get("digests_only"):  # a capture in digest mode
         return change + f" (side {' and '.join(d['digests_only'])} recorded digests only: no values to measure ULP)" \
             + _stats_change(d.get("stats") or {})
     return change + " (the golden holds no values to measure ULP)"
 
+
+_HASH_NAMES = {"md5": "MD5 only", "fast64": "the fast hash only (fast64)", "md5+fast64": "MD5 and the fast hash"}
 
 _DETAILS: dict[str, Callable[[dict], str]] = {
     "missing": lambda d: f"missing on side {d['side']}" + (f" ({d['reason']})" if d.get("reason") else ""),

@@ -1,0 +1,180 @@
+"""`fast64`: a 64-bit digest of a tensor's bytes that a GPU computes in place (MD5 cannot be computed on a
+GPU, and copying every tensor to the host to hash it costs a capture 75-250x the step on an H200), so
+that a capture in digest mode with hash="fast" moves only a few scalars per tensor to the host.
+
+Definition (what numpy here, torch in harness.frameworks.torch, on CPU and CUDA, compute alike):
+
+    raw       the tensor's C-order little-endian bytes, n of them, padded with zeros to a multiple of 4
+    w[i]      raw read as little-endian signed int32 words, sign-extended to 64 bits (i = 0 .. ceil(n/4)-1)
+    b, c      i = b * BLOCK + c  (BLOCK = 65536 words)
+    mix64(z)  the SplitMix64 finalizer, mod 2**64:
+                z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9; z = (z ^ z >> 27) * 0x94D049BB133111EB; z ^ z >> 31
+    W[c]      mix64((c + 1) * 0x9E3779B97F4A7C15) | 1          (odd)
+    V[b]      mix64((b + 1) * 0xD1B54A32D192ED03) | 1          (odd)
+    S         sum over b of V[b] * (sum over c of W[c] * w[b*BLOCK + c])      mod 2**64
+    K         the first 8 bytes (little-endian) of BLAKE2b("<dtype>|<d0,d1,...>|<n>", digest_size=8)
+    fast64    mix64(S ^ K), written as 16 lowercase hex digits
+
+W and V are odd, so invertible mod 2**64: a change of any one word by d != 0 (|d| < 2**32) changes S by
+V[b] * W[c] * d != 0, and mix64 is a bijection, so it always changes fast64. Padding with zeros adds
+nothing to S; the byte length, dtype and shape enter through K. Sums mod 2**64 do not depend on the
+order of the additions, so a parallel reduction (torch's, on any device) gives the same S.
+It is not a cryptographic hash: it detects changes, it does not resist forgery.
+
+Statistics beside it are those of harness.capture.stats (over finite values, in float64).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.capture.stats import tensor_stats
+from harness.dtypes import dtype_name, unsigned_view
+
+BLOCK = 65536  # words per block
+HASHES = ("md5", "fast")
+_MASK = (1 << 64) - 1
+_W_STEP, _V_STEP = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03
+_CHUNK_BLOCKS = 16  # blocks widened to 64 bits at a time (8 MiB of uint64): bounds the temporary memory
+
+# The values one device digest moves to the host, in this order (float64 each; S as its 64 bits)
+SLOTS = ("sum", "sumsq", "min", "max", "elements", "nan", "inf", "s")  # sums and extremes over finite values
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finalizer on uint64 values (wrapping)."""
+    z = z.astype(np.uint64, copy=True)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _constants(count: int, step: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return mix64(np.arange(1, count + 1, dtype=np.uint64) * np.uint64(step)) | np.uint64(1)
+
+
+_LOCK = threading.Lock()
+_V_CACHE: list[np.ndarray] = [np.zeros(0, np.uint64)]
+_W: np.ndarray | None = None
+
+
+def block_weights() -> np.ndarray:
+    """W: BLOCK odd uint64 constants (computed once)."""
+    global _W
+    if _W is None:
+        _W = _constants(BLOCK, _W_STEP)
+    return _W
+
+
+def block_factors(count: int) -> np.ndarray:
+    """V[0 .. count-1], odd uint64 (a cached table, grown to the next power of two)."""
+    with _LOCK:
+        if _V_CACHE[0].size < count:
+            _V_CACHE[0] = _constants(1 << max(count - 1, 0).bit_length(), _V_STEP)
+        return _V_CACHE[0][:count]
+
+
+def words_of(nbytes: int) -> int:
+    return -(-nbytes // 4)
+
+
+def blocks_of(nbytes: int) -> int:
+    return -(-words_of(nbytes) // BLOCK)
+
+
+def meta_key(dtype: str, shape: tuple[int, ...], nbytes: int) -> int:
+    text = f"{dtype}|{','.join(str(int(d)) for d in shape)}|{int(nbytes)}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def finish(s: int, dtype: str, shape: tuple[int, ...], nbytes: int) -> str:
+    """fast64 from the block sum S and what K is made of."""
+    value = mix64(np.array([(s & _MASK) ^ meta_key(dtype, shape, nbytes)], dtype=np.uint64))[0]
+    return f"{int(value):016x}"
+
+
+def block_sum(raw: np.ndarray) -> int:
+    """S of a 1-D uint8 array of the bytes (numpy, wrapping uint64 arithmetic)."""
+    nbytes = raw.size
+    full = nbytes // (4 * BLOCK)
+    weights = block_weights()
+    factors = block_factors(blocks_of(nbytes))
+    total = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for start in range(0, full, _CHUNK_BLOCKS):
+            stop = min(full, start + _CHUNK_BLOCKS)
+            words = raw[start * 4 * BLOCK: stop * 4 * BLOCK].view("<i4").astype(np.int64).view(np.uint64)
+            words = words.reshape(stop - start, BLOCK)
+            inner = np.einsum("ij,j->i", words, weights)
+            total += np.einsum("i,i->", inner, factors[start:stop])
+        tail = raw[full * 4 * BLOCK:]
+        if tail.size:
+            padded = np.zeros(words_of(tail.size) * 4, np.uint8)
+            padded[:tail.size] = tail
+            words = padded.view("<i4").astype(np.int64).view(np.uint64)
+            total += np.einsum("i,i->", words, weights[:words.size]) * factors[full]
+    return int(total)
+
+
+def raw_bytes(array: np.ndarray) -> np.ndarray:
+    """The array's C-order bytes as 1-D uint8 (no copy for a C-contiguous array)."""
+    return unsigned_view(array).reshape(-1).view(np.uint8)
+
+
+def fast64(array: np.ndarray) -> str:
+    """fast64 of a numpy array (bf16 as ml_dtypes.bfloat16), by the definition in the module's note."""
+    raw = raw_bytes(array)
+    shape = tuple(int(n) for n in array.shape)
+    return finish(block_sum(raw), dtype_name(array.dtype), shape, raw.size)
+
+
+def fast_entry(array: np.ndarray) -> dict:
+    """An unstored tensor's entry of a dump with hash="fast" (computed on the host): dtype, shape,
+    fast64 and stats (no MD5, no XXH3)."""
+    return {"dtype": dtype_name(array.dtype), "shape": [int(n) for n in array.shape], "fast64": fast64(array),
+            "stats": tensor_stats(array)}
+
+
+@dataclass
+class PendingDigest:
+    """A digest an adapter started where the tensor lives (harness.frameworks `device_digest`): `values`
+    is the framework's handle to the SLOTS scalars on the device, read by the adapter's `collect_digests`
+    at the step's end, then `settle` makes the dump entry."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    values: Any
+    entry: dict | None = field(default=None)
+
+    def settle(self, row: np.ndarray) -> None:
+        """Make the entry from the SLOTS row moved to the host (float64; S as its bits)."""
+        total, squares, low, high, elements, nan, inf = (float(v) for v in row[:7])
+        s = int(np.array(row[7:8], dtype=np.float64).view(np.uint64)[0])
+        count = int(elements) - int(nan) - int(inf)  # the finite values
+        stats = {"min": None, "max": None, "mean": None, "norm": None, "nan": int(nan), "inf": int(inf)} if count == 0 \
+            else {"min": low, "max": high, "mean": total / count, "norm": float(np.sqrt(squares)),
+                  "nan": int(nan), "inf": int(inf)}
+        self.entry = {"dtype": self.dtype, "shape": list(self.shape),
+                      "fast64": finish(s, self.dtype, self.shape, self.nbytes), "stats": stats}
+
+    def result(self) -> dict:
+        """The entry (as a Future's result: the capture treats both alike)."""
+        assert self.entry is not None, "collect_digests has not run"
+        return self.entry
+
+
+def settled_digest(array: np.ndarray) -> PendingDigest:
+    """A digest computed now, on the host (numpy), for a tensor whose memory is the host's: no copy is
+    made, so the caller must not let the tensor change before this returns."""
+    entry = fast_entry(array)
+    return PendingDigest(entry["dtype"], tuple(entry["shape"]), array.nbytes, None, entry)
