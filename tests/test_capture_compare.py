@@ -24,13 +24,14 @@ from harness.capture.format import (
     rank_folder,
     step_folder,
 )
+from harness.capture.mapping import load_map
 from harness.case import ExpectSpec
 from harness.cli import main
 from harness.compare.expectations import MaxUlp
 from harness.compare.pairs import DigestPair
 from harness.digest import Digest
 from harness.dump import Dump
-from harness.reports.text import finding_text, tree_verdict_text
+from harness.reports.text import divergence_text, finding_text, tree_verdict_text
 
 # A two-layer MLP, as a capture records it: parameters at the start, forward of fc1, fc2 and the root,
 # backward in reverse, gradients at the end.
@@ -178,6 +179,28 @@ def test_b_names_and_layouts_through_a_map(tmp_path):
     a = write_tree(tmp_path / "a", "megatron")
     assert compare_trees(a, b).status == "fail"  # the names differ without the map
     assert main(["compare", str(a), str(b), "--map", str(map_path), "--html", str(tmp_path / "r.html")]) == 0
+
+
+def test_digests_a_map_must_transpose_are_not_compared_and_not_the_divergence(tmp_path):
+    """B keeps weights as [in, out] and recorded digests only: the map cannot transpose a digest, so those
+    tensors are reported as not compared (failing, with the reason), never as the first divergence."""
+
+    def transposed(step, tensors):
+        for name in list(tensors):
+            if TensorName.parse(name).role in ("param", "grad"):
+                tensors[name] = tensors[name].T.copy()
+
+    a = write_tree(tmp_path / "a", "megatron")
+    b = write_tree(tmp_path / "b", "paddle", mode="digest", change=transposed)
+    map_path = tmp_path / "map.yaml"
+    map_path.write_text("format: xfalign-map/1\ndefaults: {params: {transpose: true}}\n"
+                        "modules:\n  - {a: fc1, b: fc1}\n  - {a: fc2, b: fc2}\n")
+    result = compare_trees(a, b, load_map(map_path), map_path=str(map_path))
+    assert result.status == "fail" and result.divergence is None
+    assert result.uncompared == 8  # 2 weights and 2 gradients, in each of 2 steps
+    compared = [r for step in result.steps for r in step.comparison.tensors if r.name not in step.left_out]
+    assert compared and all(r.pair.bitwise for r in compared)
+    assert divergence_text(result.divergence, result.uncompared).startswith("no divergence among the tensors compared; 8 ")
 
 
 @pytest.fixture

@@ -26,8 +26,10 @@ from harness.capture.format import ROOT, TensorName, call_tensor  # noqa: E402
 
 
 def capture_megatron(path: Path, device: str = "cpu", eager: bool = False, mode: str = "full",
-                     seq: int = 16, batch: int = 2, hidden: int | None = None, ffn: int | None = None) -> Path:
-    """One step of the megatron-core MLP captured at `path` (every module, full tensors by default)."""
+                     seq: int = 16, batch: int = 2, hidden: int | None = None, ffn: int | None = None,
+                     hash: str = "md5") -> Path:
+    """One step of the megatron-core MLP captured at `path` (every module, full tensors by default;
+    `mode` and `hash` as harness.capture.capture takes them)."""
     import megatron_mlp as M
 
     from harness.capture import capture
@@ -37,7 +39,7 @@ def capture_megatron(path: Path, device: str = "cpu", eager: bool = False, mode:
         model = M.build_megatron_mlp(hidden, ffn, device=device)
         inputs = M.demo_inputs(seq, batch, hidden)
         side = f"megatron-{device}-{'eager' if eager else 'compiled'}"
-        with capture(model, path, mode=mode, side=side, provenance=f"examples/mlp_alignment megatron-core MLP, "
+        with capture(model, path, mode=mode, hash=hash, side=side, provenance=f"examples/mlp_alignment megatron-core MLP, "
                      f"{'eager' if eager else 'compiled'} bias SwiGLU, {device}") as cap:
             M.megatron_step(model, inputs, device=device, eager=eager)
             cap.step()
@@ -71,7 +73,7 @@ def step_inputs_from(tree_a, step: int = 0) -> dict[str, np.ndarray]:
     return {"x": arrays[call_tensor(ROOT, 0, "input", 0)], "grad_out": arrays[call_tensor(ROOT, 0, "grad_output", 0)]}
 
 
-def capture_paddle(path: Path, tree_a, variant: str, tensor_map, mode: str = "full"):
+def capture_paddle(path: Path, tree_a, variant: str, tensor_map, mode: str = "full", hash: str = "md5"):
     """One step of the Paddle MLP (`variant`), with A's weights and inputs, captured at `path`.
     Returns the model (for replay)."""
     import paddle_mlp as P
@@ -82,7 +84,7 @@ def capture_paddle(path: Path, tree_a, variant: str, tensor_map, mode: str = "fu
     hidden, ffn = weights["gate_proj.weight"].shape
     model = P.build_paddle_mlp(hidden, ffn, variant)
     P.load_parameters(model, weights)
-    with capture(model, path, mode=mode, side=f"paddle-{variant}",
+    with capture(model, path, mode=mode, hash=hash, side=f"paddle-{variant}",
                  provenance=f"examples/mlp_alignment Paddle MLP, variant {variant}") as cap:
         P.paddle_step(model, step_inputs_from(tree_a))
         cap.step()

@@ -123,6 +123,11 @@ class TreeComparison:
         return next((step.divergence for step in self.steps if step.divergence is not None), None)
 
     @property
+    def uncompared(self) -> int:
+        """Tensors the map could not make from B's digests (a layout change needs the values): not compared."""
+        return sum(len(step.left_out) for step in self.steps)
+
+    @property
     def comparisons(self) -> list[CaseComparison]:
         return [step.comparison for step in self.steps]
 
@@ -227,7 +232,7 @@ def compare_steps(label: str, dump_a: Dump, dump_b: Dump, expect: ExpectSpec | N
     if rest:
         records.append((4, RecordView(UNRECORDED, None, None, "", rest)))
     ordered = [view for _, view in sorted(records, key=lambda item: item[0])]
-    divergence = _first_divergence(label, comparison, records, types)
+    divergence = _first_divergence(label, comparison, records, types, set(left_out))
     return StepComparison(label, comparison, ordered, info.modules if info else [], info.root if info else "",
                           divergence, dict(getattr(dump_b, "sources", {})), dict(left_out))
 
@@ -238,11 +243,11 @@ def _capture_info(dump: Dump) -> CaptureInfo | None:
 
 
 def _first_divergence(label: str, comparison: CaseComparison, records: list[tuple[int, RecordView]],
-                      types: dict[str, str]) -> Divergence | None:
+                      types: dict[str, str], uncompared: set[str]) -> Divergence | None:
     """The first tensor, in A's execution order (its records as recorded: parameters at the step's start
     come first), that both sides recorded and that is not bitwise equal; else the first that one side
-    lacks."""
-    execution = [(view, result) for _, view in records for result in view.tensors]
+    lacks. A tensor the map could not make from B's digests (`uncompared`) is not a divergence."""
+    execution = [(view, result) for _, view in records for result in view.tensors if result.name not in uncompared]
     for wanted in (lambda r: not isinstance(r.pair, OneSidedPair), lambda r: True):
         for view, result in execution:
             if not result.pair.bitwise and wanted(result):

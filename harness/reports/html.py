@@ -245,7 +245,7 @@ def tree_view(tree: TreeComparison) -> dict:
     return {
         "title": tree_title(tree), "status": tree.status, "label": status_label(tree.status),
         "status_class": STATUS_CLASSES[tree.status], "verdict": tree_verdict_text(tree),
-        "first_divergent": first, "divergence_text": divergence_text(None),
+        "first_divergent": first, "divergence_text": divergence_text(None, tree.uncompared),
         "sides": [tree_side_text("A", tree.a), tree_side_text("B", tree.b)], "map": map_text(tree.map),
         "model": _model(shown) if shown else [], "model_step": shown.label if shown else "",
         "columns": TREE_COLUMNS, "steps": steps,

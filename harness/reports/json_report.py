@@ -119,6 +119,7 @@ def tree_json(tree: TreeComparison) -> dict:
         "verdict": tree_verdict_text(tree),
         "findings": [finding.to_json() | {"text": finding_text(finding)} for finding in tree.findings],
         "first_divergent": _divergence(tree.divergence),
+        "uncompared": {step.label: step.left_out for step in tree.steps if step.left_out},  # tensor -> why
         "steps": [{
             "step": step.label,
             "status": step.status,

@@ -179,7 +179,7 @@ def print_tree_comparison(tree: TreeComparison, console: Console) -> None:
             _plain(console, f"  * {more_lines_text(len(lines) - MAX_FAILURE_LINES)}")
     status = tree.status
     console.print(f"[{STATUS_STYLES[status]}]{status_label(status)}[/] {escape(tree_verdict_text(tree))}")
-    _plain(console, f"  {divergence_text(tree.divergence)}")
+    _plain(console, f"  {divergence_text(tree.divergence, tree.uncompared)}")
 
 
 def print_tree_gate_result(result: TreeGateResult, console: Console) -> None:

@@ -345,7 +345,10 @@ def slot_text(name: str, module: str) -> str:
     return name
 
 
-def divergence_text(divergence: Divergence | None) -> str:
+def divergence_text(divergence: Divergence | None, uncompared: int = 0) -> str:
+    if divergence is None and uncompared:
+        return (f"no divergence among the tensors compared; {uncompared} could not be compared from digests "
+                "(the map changes their layout): capture those modules in full (compare --refetch lists them)")
     if divergence is None:
         return "every tensor is bitwise equal"
     kind = f" ({divergence.module_type})" if divergence.module_type else ""
