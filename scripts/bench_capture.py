@@ -47,9 +47,25 @@ def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
     return MLP(config, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
 
 
+def build_layer(hidden: int, ffn: int, heads: int, moe: bool, dtype: torch.dtype) -> torch.nn.Module:
+    """A megatron-core TransformerLayer of the local spec (RMSNorm, attention, SwiGLU MLP; with `moe` a 4-expert
+    top-2 MoE instead of the MLP). Its attention, router and token dispatcher need CUDA."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    extra = dict(num_moe_experts=4, moe_router_topk=2, moe_token_dispatcher_type="alltoall", moe_aux_loss_coeff=0.0) if moe else {}
+    config = TransformerConfig(num_layers=1, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+                               gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+                               bf16=dtype == torch.bfloat16, params_dtype=dtype, hidden_dropout=0.0, attention_dropout=0.0,
+                               normalization="RMSNorm", **extra)
+    spec = get_gpt_layer_local_spec(num_experts=4 if moe else None, moe_grouped_gemm=False, normalization="RMSNorm")
+    return build_module(spec, config=config, layer_number=1)
+
+
 def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
-    output, bias = model(x)
-    (output + bias).backward(grad)
+    result = model(x) if isinstance(model, MLP) else model(x, attention_mask=None)
+    output, bias = result  # the MLP's (output, bias); a layer's (output, context), context None
+    (output if bias is None else output + bias).backward(grad)
     if x.is_cuda:
         torch.cuda.synchronize()
 
@@ -78,6 +94,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model", choices=("mlp", "layer", "moe-layer"), default="mlp",
+                        help="the MLP, or a whole TransformerLayer (dense or MoE; CUDA only)")
+    parser.add_argument("--heads", type=int, default=32, help="attention heads of --model layer / moe-layer")
     parser.add_argument("--hash", choices=("md5", "fast"), nargs="+", default=["md5"],
                         help="the digest mode's hash(es), each a variant")
     args = parser.parse_args()
@@ -88,7 +107,12 @@ def main() -> None:
     modes: list[tuple[str, str] | None] = [None, *(("digest", h) for h in dict.fromkeys(args.hash)), ("full", "md5")]
     times: dict[tuple[str, str] | None, list[float]] = {mode: [] for mode in modes}
     with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
-        model = build(args.hidden, args.ffn, dtype).to(args.device)
+        if args.device == "cuda":
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.random.model_parallel_cuda_manual_seed(0)
+        model = (build(args.hidden, args.ffn, dtype) if args.model == "mlp" else
+                 build_layer(args.hidden, args.ffn, args.heads, args.model == "moe-layer", dtype)).to(args.device)
         x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
         grad = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype)
         for mode in modes:  # warm-up: first calls, allocator, the capture's imports
@@ -101,7 +125,7 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     plain = statistics.median(times[None])
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
-    print(f"megatron-core MLP hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
+    print(f"megatron-core {args.model} hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
           f"{params:,} parameters, {where}; median of {args.rounds} rounds")
     print(f"full capture writes {written / 2**20:.1f} MiB per step; load average before {load[0]:.2f}, after "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")

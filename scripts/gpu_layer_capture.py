@@ -13,11 +13,8 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from bench_capture import build_layer
 from megatron.core import tensor_parallel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.transformer.spec_utils import build_module
-from megatron.core.transformer.transformer_config import TransformerConfig
 
 from harness.capture import capture
 from harness.capture.tree import read_tree
@@ -25,13 +22,7 @@ from harness.ops.megatron_group import one_process_group
 
 
 def layer(moe: bool) -> torch.nn.Module:
-    extra = dict(num_moe_experts=4, moe_router_topk=2, moe_token_dispatcher_type="alltoall", moe_aux_loss_coeff=0.0) if moe else {}
-    config = TransformerConfig(num_layers=1, hidden_size=256, ffn_hidden_size=512, num_attention_heads=4,
-                               gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
-                               bf16=True, params_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0,
-                               normalization="RMSNorm", **extra)
-    spec = get_gpt_layer_local_spec(num_experts=4 if moe else None, moe_grouped_gemm=False, normalization="RMSNorm")
-    return build_module(spec, config=config, layer_number=1).cuda()
+    return build_layer(256, 512, 4, moe, torch.bfloat16).cuda()
 
 
 def step(model: torch.nn.Module, seed: int = 0) -> None:

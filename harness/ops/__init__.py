@@ -81,7 +81,10 @@ def family_for(op: str, case_source: str = "") -> OpFamily:
 def framework_impls(op: str, framework: str, case_source: str = "") -> dict[str, Impl]:
     """The family's implementations on one framework, by variant name (imports that framework)."""
     family = family_for(op, case_source)
-    family_file = sys.modules[type(family).__module__].__file__ or ""  # "file.py:Class" is found beside it
+    # "file.py:Class" is found beside the family's file; its module may have left sys.modules (a test, a
+    # worker's reset of user modules) while the class lives on
+    module = sys.modules.get(type(family).__module__) or importlib.import_module(type(family).__module__)
+    family_file = module.__file__ or ""
     implementations = load_object(family.implementations[framework], family_file)
     if not (isinstance(implementations, type) and issubclass(implementations, Implementations)):
         raise TypeError(f"{family.implementations[framework]} is not an Implementations subclass")
