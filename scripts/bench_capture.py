@@ -4,12 +4,14 @@ each round, so that load from other processes hits them alike); medians, and eac
 plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
-                                     [--device cpu|cuda] [--hash md5|fast ...]
+                                     [--device cpu|cuda] [--hash md5|fast|fast-torch ...]
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
 and "fast" (fast64 and the stats computed where the tensor lives, harness.capture.fast_hash: on a GPU by
 torch ops, one transfer of a few scalars per tensor at cap.step(); on the CPU by numpy in the hook, on the
-tensor's own memory, no copy).
+tensor's own memory, no copy). On CUDA "fast" takes the fused Triton kernels (harness.frameworks.triton_digest)
+where triton is importable; "fast-torch" is the same hash by the torch ops (XFALIGN_FAST_DIGEST_KERNEL=torch
+while that variant runs), so --hash fast fast-torch times both kernels in one run.
 
 The model: megatron.core.transformer.mlp.MLP (ColumnParallelLinear -> bias SwiGLU -> RowParallelLinear), TP=1
 in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2). A captured step is
@@ -37,6 +39,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from harness.capture import capture
 from harness.ops.megatron_group import one_process_group
+
+HASH_KERNELS = {"fast-torch": "torch"}  # a --hash variant -> XFALIGN_FAST_DIGEST_KERNEL while it runs
 
 
 def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
@@ -78,11 +82,20 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path) -> floa
         train_step(model, x, grad)
         return time.perf_counter() - start
     mode, hash_ = variant
-    with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_) as cap:
-        start = time.perf_counter()
-        train_step(model, x, grad)
-        cap.step()
-        seconds = time.perf_counter() - start
+    kernel, previous = HASH_KERNELS.get(hash_), os.environ.get("XFALIGN_FAST_DIGEST_KERNEL")
+    if kernel:
+        os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = kernel
+    try:
+        with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_.split("-")[0]) as cap:
+            start = time.perf_counter()
+            train_step(model, x, grad)
+            cap.step()
+            seconds = time.perf_counter() - start
+    finally:
+        if kernel:
+            os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
+            if previous is not None:
+                os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = previous
     return seconds
 
 
@@ -97,8 +110,8 @@ def main() -> None:
     parser.add_argument("--model", choices=("mlp", "layer", "moe-layer"), default="mlp",
                         help="the MLP, or a whole TransformerLayer (dense or MoE; CUDA only)")
     parser.add_argument("--heads", type=int, default=32, help="attention heads of --model layer / moe-layer")
-    parser.add_argument("--hash", choices=("md5", "fast"), nargs="+", default=["md5"],
-                        help="the digest mode's hash(es), each a variant")
+    parser.add_argument("--hash", choices=("md5", "fast", *HASH_KERNELS), nargs="+", default=["md5"],
+                        help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA)")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.compiler.set_stance("force_eager")
@@ -132,7 +145,7 @@ def main() -> None:
     for mode in modes:
         median = statistics.median(times[mode])
         label = "no capture" if mode is None else "capture, full" if mode[0] == "full" else f"capture, digest {mode[1]}"
-        print(f"  {label:<22} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
+        print(f"  {label:<27} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
               f"(min {min(times[mode]) * 1e3:.1f}, max {max(times[mode]) * 1e3:.1f})")
 
 

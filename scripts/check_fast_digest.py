@@ -1,15 +1,21 @@
 """Check that the fast digest computed by torch on a device (harness.frameworks.torch `device_digest`, the
 path a capture with hash="fast" takes) equals the numpy one of the same bytes on the host
-(harness.capture.fast_hash.fast64), for a fixed set of tensors: several dtypes, odd sizes, empty, more than
-one block of words, a view that does not start on a 4-byte boundary. One line per tensor, then
-"ALL EQUAL" (exit 0) or the differences (exit 1).
+(harness.capture.fast_hash.fast64, and the statistics of harness.capture.stats to 1e-12 relative), for a
+fixed set of tensors: several dtypes, odd sizes, empty, more than one block of words, NaN/Inf, views that
+do not start on a 4-byte boundary, a transposed one. On CUDA both paths of `device_digest` are checked:
+"fused" (the Triton kernels of harness.frameworks.triton_digest) and "torch" (torch ops,
+XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path, the time of one
+digest of a large bf16 tensor per path on CUDA, then "ALL EQUAL" (exit 0) or the differences (exit 1; also
+when the fused path is asked for and triton cannot be imported).
 
-    python3 scripts/check_fast_digest.py [--device cuda|cpu]
+    python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths fused torch]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 import ml_dtypes
@@ -17,13 +23,17 @@ import numpy as np
 import torch
 
 from harness.capture.fast_hash import BLOCK, fast64
+from harness.capture.stats import tensor_stats
+from harness.frameworks import triton_digest
 from harness.frameworks.torch import TorchAdapter, device_digest
+
+PATHS = {"fused": "triton", "torch": "torch"}  # path -> XFALIGN_FAST_DIGEST_KERNEL
 
 
 def arrays() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     normal = rng.standard_normal
-    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, 3.4e38], np.float32)
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, 3.4e38, -2.5, np.nan], np.float32)
     return {
         "bf16 [7, 13]": normal((7, 13)).astype(ml_dtypes.bfloat16),
         "bf16 [4096, 1031] (> 1 block, odd)": normal((4096, 1031)).astype(ml_dtypes.bfloat16),
@@ -31,36 +41,98 @@ def arrays() -> dict[str, np.ndarray]:
         "fp32 [131075]": normal(BLOCK * 2 + 3).astype(np.float32),
         "fp32 [2048, 4096] (128 blocks)": normal((2048, 4096)).astype(np.float32),
         "fp32 NaN/Inf/-0/subnormal": special,
+        "fp32 all NaN": np.full(5, np.nan, np.float32),
+        "bf16 NaN/Inf/-0": special.astype(ml_dtypes.bfloat16),
+        "fp16 NaN/Inf/-0": special.astype(np.float16),
+        "fp64 NaN/Inf/-0": special.astype(np.float64),
         "fp64 [1001]": normal(1001),
+        "fp64 [3, BLOCK + 1] (6 blocks)": normal((3, BLOCK + 1)),
+        "bf16 [4096, 11008] (a weight of the layer)": normal((4096, 11008), np.float32).astype(ml_dtypes.bfloat16),
         "int32 [3, 5, 11]": rng.integers(-2**31, 2**31 - 1, size=(3, 5, 11), dtype=np.int32),
         "int64 [99999]": rng.integers(-2**63, 2**63 - 1, size=99999, dtype=np.int64),
         "bool [77]": rng.random(77) > 0.5,
         "bool [262147]": rng.random(4 * BLOCK + 3) > 0.5,
+        "int64 [] (scalar)": np.array(-3, np.int64),
         "fp32 [0, 3] (empty)": np.zeros((0, 3), np.float32),
         "fp16 [] (scalar)": np.array(1.5, np.float16),
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    device = parser.parse_args().device
-    adapter = TorchAdapter()
-    cases = [(label, adapter.to_tensor(array, device, False), array) for label, array in arrays().items()]
-    base = np.random.default_rng(1).standard_normal(41).astype(ml_dtypes.bfloat16)
-    cases.append(("bf16 [40] view at byte offset 2", adapter.to_tensor(base, device, False)[1:], base[1:]))
+def same_stats(found: dict, expected: dict) -> bool:
+    for key in ("min", "max", "mean", "norm", "nan", "inf"):
+        a, b = found[key], expected[key]
+        if (a is None or b is None) and a is not b:
+            return False
+        if a is not None and not math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12):
+            return False
+    return True
+
+
+def digests(cases: list, path: str, adapter: TorchAdapter) -> list[dict]:
+    os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
     pending = [device_digest(tensor) for _, tensor, _ in cases]
     for work, row in zip(pending, adapter.collect_digests([p.values for p in pending]), strict=True):
         work.settle(row)
-    differences = 0
-    for (label, _, array), work in zip(cases, pending, strict=True):
-        found, expected = work.result()["fast64"], fast64(array)
-        same = found == expected
-        differences += not same
-        print(f"{label:<38} {device} {found}  numpy {expected}  {'equal' if same else 'DIFFERENT'}")
+    return [work.result() for work in pending]
+
+
+def timing(tensor, path: str, repeat: int = 20) -> float:
+    """Milliseconds of one digest of `tensor` by `path` (CUDA events, after a warm-up)."""
+    os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
+    device_digest(tensor)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeat):
+        device_digest(tensor)
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / repeat
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--paths", choices=tuple(PATHS), nargs="+", default=None,
+                        help="device_digest's paths to check (default: fused and torch on cuda, torch on cpu)")
+    args = parser.parse_args()
+    device = args.device
+    paths = args.paths or (["fused", "torch"] if device == "cuda" else ["torch"])
+    adapter = TorchAdapter()
+    with np.errstate(over="ignore", invalid="ignore"):  # 3.4e38 -> fp16 is inf; numpy's stats meet inf - inf
+        cases = [(label, adapter.to_tensor(array, device, False), array) for label, array in arrays().items()]
+    base = np.random.default_rng(1).standard_normal(41).astype(ml_dtypes.bfloat16)
+    cases.append(("bf16 [40] view at byte offset 2", adapter.to_tensor(base, device, False)[1:], base[1:]))
+    flags = np.random.default_rng(2).random(23) > 0.5
+    cases.append(("bool [20] view at byte offset 3", adapter.to_tensor(flags, device, False)[3:], flags[3:]))
+    matrix = np.random.default_rng(3).standard_normal((33, 65)).astype(np.float32)
+    cases.append(("fp32 [65, 33] transposed", adapter.to_tensor(matrix, device, False).t(), matrix.T))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = [(fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))) for _, _, array in cases]
+    differences = checked = 0
+    for path in paths:
+        if path == "fused" and not (device == "cuda" and triton_digest.importable()):
+            print(f"path fused: not available ({'triton cannot be imported' if device == 'cuda' else 'CUDA only'})")
+            differences += 1
+            continue
+        for (label, _, _), entry, (digest, stats) in zip(cases, digests(cases, path, adapter), expected, strict=True):
+            same_hash, same = entry["fast64"] == digest, same_stats(entry["stats"], stats)
+            differences += not (same_hash and same)
+            checked += 1
+            print(f"{label:<44} {device} {path:<5} {entry['fast64']}  numpy {digest}  "
+                  f"{'equal' if same_hash else 'DIFFERENT'}, stats {'equal' if same else 'DIFFERENT'}"
+                  + ("" if same else f" {entry['stats']} numpy {stats}"))
+    if device == "cuda":
+        large = next(tensor for label, tensor, _ in cases if label.startswith("bf16 [4096, 11008]"))
+        for path in paths:
+            if path != "fused" or triton_digest.importable():
+                milliseconds = timing(large, path)
+                gbps = large.numel() * large.element_size() / milliseconds / 1e6
+                print(f"path {path}: one digest of bf16 [4096, 11008] {milliseconds:.3f} ms ({gbps:.0f} GB/s of the tensor read)")
+    os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
     where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    print(f"torch {torch.__version__} on {where}: " + ("ALL EQUAL" if not differences else
-                                                        f"{differences} of {len(cases)} DIFFER"))
+    print(f"torch {torch.__version__} on {where}, paths {' '.join(paths)}: " +
+          ("ALL EQUAL" if not differences else f"{differences} of {checked} DIFFER (or a path not available)"))
     return 1 if differences else 0
 
 

@@ -15,3 +15,6 @@ python3 -m pip install -q -r configs/requirements-cpu.txt -e ".[test]"
 [ -d build/paddleformers/paddleformers-1.2.0.dist-info ] || python3 -m pip install -q --no-deps \
     --target build/paddleformers paddleformers==1.2.0 transformers==5.3.0 huggingface-hub==1.33.0 \
     tokenizers==0.22.2 colorlog==6.12.0 tqdm==4.70.1 psutil==7.2.2 omegaconf==2.4.0 aistudio-sdk==0.3.9
+# Triton, for the CPU-interpreter test of the fused GPU digest kernel (tests/test_triton_digest.py), apart from
+# torch's site-packages: torch.compile must not see it
+[ -d build/tritonsite/triton-3.7.0.dist-info ] || python3 -m pip install -q --no-deps --target build/tritonsite triton==3.7.0

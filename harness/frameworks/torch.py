@@ -385,13 +385,21 @@ def device_digest(tensor) -> PendingDigest:
     """The fast digest and statistics of a torch tensor, started where it lives (no host copy, no
     synchronisation: on a GPU the kernels run in stream order, before any later in-place change of the
     tensor); ValueError for a dtype no dump holds. The handle: fast_hash.SLOTS as float64 (the count of
-    finite values as the element count here; PendingDigest.settle takes NaN and Inf off)."""
+    finite values as the element count here; PendingDigest.settle takes NaN and Inf off).
+    A CUDA tensor takes the fused Triton kernels of harness.frameworks.triton_digest (one read of the
+    tensor) where triton is importable, unless XFALIGN_FAST_DIGEST_KERNEL=torch; else the torch ops below."""
     import torch
 
     name = dtype_name_of(tensor)
     if name is None:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
     detached = tensor.detach()
+    if tensor.is_cuda:
+        from harness.frameworks import triton_digest
+
+        if triton_digest.kernel_choice() != "torch" and triton_digest.available(tensor):
+            return PendingDigest(name, tuple(int(n) for n in tensor.shape), detached.numel() * detached.element_size(),
+                                 triton_digest.fused_device_digest(detached))
     values = detached.reshape(-1).to(torch.float64)
     s = block_sum(detached).reshape(1).view(torch.float64)
     if not values.numel():
