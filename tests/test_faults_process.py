@@ -221,6 +221,7 @@ def test_unwritable_outputs_refused_before_any_side_runs(tmp_path, capsys):
     (tmp_path / "read_only").chmod(0o700)
 
 
+@pytest.mark.slow  # an end-to-end run of both sides in a fresh process
 def test_write_error_while_writing_outputs_is_exit_2(tmp_path, capsys):
     """A real write error after the checks passed (file size limit: EFBIG, as a full disk gives ENOSPC)."""
     case = make_case(tmp_path, text=TINY)

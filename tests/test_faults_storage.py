@@ -462,6 +462,7 @@ def test_gate_update_repairs_a_corrupt_golden(tmp_path, capsys):
     assert cli(capsys, "gate", "case.yaml", "--baseline", "b", "--html", "h").returncode == 0
 
 
+@pytest.mark.slow  # two cases end to end in a fresh process, interrupted
 def test_interrupted_multi_case_update_says_which_goldens_it_wrote(tmp_path):
     (tmp_path / "a.yaml").write_text(TINY)
     (tmp_path / "f.py").write_text("import time\nfrom pathlib import Path\n"

@@ -46,6 +46,7 @@ def test_report_is_self_contained(report):
     assert "http://" not in html and "https://" not in html and "<link" not in html and "src=" not in html
 
 
+@pytest.mark.slow  # starts Chromium
 def test_report_in_browser(browser, report, tmp_path):
     browser.get(report.as_uri())
     assert browser.find_element(By.ID, "verdict").text == "FAIL"

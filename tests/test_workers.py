@@ -159,6 +159,7 @@ def test_state_a_case_leaves_behind_is_reset(tmp_path, workers, monkeypatch):
     assert pool.stats()["spawned"]["megatron"] - spawned <= 1  # one worker served it all (started here, or earlier)
 
 
+@pytest.mark.slow  # a run of its own, with fresh workers, one of which crashes
 def test_one_import_per_framework_and_a_crash_fails_only_its_case(tmp_path, workers, monkeypatch):
     """With the session's workers, the Paddle one started first: each fault restarts it once, and only the
     faulty case fails."""
