@@ -48,6 +48,17 @@ def _run_in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def torch():
+    """torch, imported by the first test that asks for it (not at collection: each test process would import it)."""
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def paddle():
+    return pytest.importorskip("paddle")
+
+
 @pytest.fixture
 def write_case(tmp_path):
     def write(text: str, name: str = "case.yaml") -> Path:

@@ -20,16 +20,6 @@ from harness.dump import DumpTargetError
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def paddle():
-    return pytest.importorskip("paddle")
-
-
 def integers(rng, shape, low=-3, high=4):
     """Small integers as float32: every product and sum below is exact, so hand-computed == autograd."""
     return rng.integers(low, high, size=shape).astype(np.float32)

@@ -22,16 +22,6 @@ from harness.reports.text import finding_text, hash_text
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def paddle():
-    return pytest.importorskip("paddle")
-
-
 def torch_fast64(torch, tensor) -> str:
     from harness.frameworks.torch import TorchAdapter, device_digest
 

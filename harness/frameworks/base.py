@@ -135,8 +135,13 @@ class FrameworkAdapter(ABC):
 
     def hook_grad(self, tensor: Any, on_grad: Callable[[Any], None]) -> Callable[[], object]:
         """Call on_grad(gradient) when the gradient of `tensor` is computed in a backward pass (the
-        gradient is left as it is); returns the function that removes the hook."""
-        raise NotImplementedError(f"{self.name}: capture is not supported")
+        gradient is left as it is); returns the function that removes the hook. torch and Paddle tensors
+        both take `register_hook(fn)` and return a handle with `remove()`."""
+
+        def hook(grad: Any) -> None:
+            on_grad(grad)  # returns None: the gradient goes on unchanged
+
+        return tensor.register_hook(hook).remove
 
     def parameter_grad(self, param: Any) -> Any | None:
         """The gradient a training step accumulated for `param`: main_grad where the framework or the

@@ -151,12 +151,6 @@ class PaddleAdapter(FrameworkAdapter):
                                                      with_kwargs=True)]
         return [handle.remove for handle in handles]
 
-    def hook_grad(self, tensor, on_grad):
-        def hook(grad):
-            on_grad(grad)  # returns None: the gradient goes on unchanged
-
-        return tensor.register_hook(hook).remove
-
     def host_copy(self, tensor) -> np.ndarray:
         return self.to_numpy(tensor)  # Tensor.numpy() copies (from the device too)
 

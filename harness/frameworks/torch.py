@@ -221,12 +221,6 @@ class TorchAdapter(FrameworkAdapter):
                    module.register_forward_hook(lambda m, args, kwargs, out: after(m, args, kwargs, out), with_kwargs=True)]
         return [handle.remove for handle in handles]
 
-    def hook_grad(self, tensor, on_grad):
-        def hook(grad):
-            on_grad(grad)  # returns None: the gradient goes on unchanged
-
-        return tensor.register_hook(hook).remove
-
     def host_copy(self, tensor) -> np.ndarray:
         array = self.to_numpy(tensor)
         return array if tensor.device.type != "cpu" else array.copy()  # .cpu() made a copy already
