@@ -74,6 +74,23 @@ class DumpMeta(BaseModel):
     capture: CaptureInfo | None = None  # a step of a model capture (harness.capture)
 
 
+def meta_text(meta: dict) -> str:
+    """meta.json's text: a line per top-level field, and a line per item of a list of objects (each tensor,
+    each capture record), keys sorted. Made with json's C encoder: the indenting encoder is pure Python and
+    took ~10 ms per step of a captured transformer layer."""
+    lines = []
+    for key in sorted(meta):
+        value = meta[key]
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            items = ",\n  ".join(json.dumps(item, sort_keys=True) for item in value)
+            lines.append(f" {json.dumps(key)}: [\n  {items}\n ]")
+        elif isinstance(value, dict) and any(isinstance(v, list) and v and isinstance(v[0], dict) for v in value.values()):
+            lines.append(f" {json.dumps(key)}: " + meta_text(value).rstrip("\n").replace("\n", "\n "))
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value, sort_keys=True)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def validated_meta(meta: dict, where: str) -> dict:
     """`meta` checked against DumpMeta (DumpError naming the first bad field), as plain JSON data."""
     try:
@@ -259,7 +276,7 @@ class Dump:
         try:
             save_file({name: np.ascontiguousarray(a) for name, a in self.tensors.items()}, staging / TENSORS_FILE)
             with open(staging / META_FILE, "w") as handle:
-                handle.write(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+                handle.write(meta_text(meta))
                 handle.flush()
                 os.fsync(handle.fileno())
             for name in (TENSORS_FILE, META_FILE):

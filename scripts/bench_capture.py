@@ -4,14 +4,16 @@ each round, so that load from other processes hits them alike); medians, and eac
 plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
-                                     [--device cpu|cuda] [--hash md5|fast|fast-torch ...]
+                                     [--device cpu|cuda] [--hash md5|fast|fast-v1|fast-torch ...] [--no-full]
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
 and "fast" (fast64 and the stats computed where the tensor lives, harness.capture.fast_hash: on a GPU by
 torch ops, one transfer of a few scalars per tensor at cap.step(); on the CPU by numpy in the hook, on the
 tensor's own memory, no copy). On CUDA "fast" takes the fused Triton kernels (harness.frameworks.triton_digest)
 where triton is importable; "fast-torch" is the same hash by the torch ops (XFALIGN_FAST_DIGEST_KERNEL=torch
-while that variant runs), so --hash fast fast-torch times both kernels in one run.
+while that variant runs) and "fast-v1" by the first Triton kernels (XFALIGN_FAST_DIGEST_KERNEL=fused-v1), so
+--hash fast fast-v1 fast-torch times the three in one run. --no-full leaves out the full capture (on a large
+model it takes seconds per round).
 
 The model: megatron.core.transformer.mlp.MLP (ColumnParallelLinear -> bias SwiGLU -> RowParallelLinear), TP=1
 in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2). A captured step is
@@ -40,7 +42,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from harness.capture import capture
 from harness.ops.megatron_group import one_process_group
 
-HASH_KERNELS = {"fast-torch": "torch"}  # a --hash variant -> XFALIGN_FAST_DIGEST_KERNEL while it runs
+HASH_KERNELS = {"fast-torch": "torch", "fast-v1": "fused-v1"}  # a --hash variant -> XFALIGN_FAST_DIGEST_KERNEL while it runs
 
 
 def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
@@ -111,13 +113,17 @@ def main() -> None:
                         help="the MLP, or a whole TransformerLayer (dense or MoE; CUDA only)")
     parser.add_argument("--heads", type=int, default=32, help="attention heads of --model layer / moe-layer")
     parser.add_argument("--hash", choices=("md5", "fast", *HASH_KERNELS), nargs="+", default=["md5"],
-                        help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA)")
+                        help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA, "
+                             "fast-v1: by the first Triton kernels)")
+    parser.add_argument("--no-full", action="store_true", help="leave out the full capture variant")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.compiler.set_stance("force_eager")
     torch.manual_seed(0)
     load = os.getloadavg()
-    modes: list[tuple[str, str] | None] = [None, *(("digest", h) for h in dict.fromkeys(args.hash)), ("full", "md5")]
+    modes: list[tuple[str, str] | None] = [None, *(("digest", h) for h in dict.fromkeys(args.hash))]
+    if not args.no_full:
+        modes.append(("full", "md5"))
     times: dict[tuple[str, str] | None, list[float]] = {mode: [] for mode in modes}
     with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
         if args.device == "cuda":
@@ -134,13 +140,14 @@ def main() -> None:
             turn = round_ % len(modes)
             for mode in modes[turn:] + modes[:turn]:  # a different variant first each round
                 times[mode].append(timed(model, x, grad, mode, Path(tmp)))
-        written = sum(f.stat().st_size for f in (Path(tmp) / "full-md5").rglob("*") if f.is_file())
+        written = sum(f.stat().st_size for f in (Path(tmp) / "full-md5").rglob("*") if f.is_file()) if not args.no_full else 0
     params = sum(p.numel() for p in model.parameters())
     plain = statistics.median(times[None])
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
     print(f"megatron-core {args.model} hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
           f"{params:,} parameters, {where}; median of {args.rounds} rounds")
-    print(f"full capture writes {written / 2**20:.1f} MiB per step; load average before {load[0]:.2f}, after "
+    print(("no full capture; " if args.no_full else f"full capture writes {written / 2**20:.1f} MiB per step; ") +
+          f"load average before {load[0]:.2f}, after "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")
     for mode in modes:
         median = statistics.median(times[mode])

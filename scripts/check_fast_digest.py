@@ -2,13 +2,15 @@
 path a capture with hash="fast" takes) equals the numpy one of the same bytes on the host
 (harness.capture.fast_hash.fast64, and the statistics of harness.capture.stats to 1e-12 relative), for a
 fixed set of tensors: several dtypes, odd sizes, empty, more than one block of words, NaN/Inf, views that
-do not start on a 4-byte boundary, a transposed one. On CUDA both paths of `device_digest` are checked:
-"fused" (the Triton kernels of harness.frameworks.triton_digest) and "torch" (torch ops,
+do not start on a 4-byte boundary, a transposed one. On CUDA the three paths of `device_digest` are
+checked: "fused" (the default Triton kernel of harness.frameworks.triton_digest, `fused_device_digest`),
+"fused-v1" (the first Triton kernels, XFALIGN_FAST_DIGEST_KERNEL=fused-v1) and "torch" (torch ops,
 XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path, the time of one
-digest of a large bf16 tensor per path on CUDA, then "ALL EQUAL" (exit 0) or the differences (exit 1; also
-when the fused path is asked for and triton cannot be imported).
+digest of a large bf16 tensor per path on CUDA, with --sweep the time of the default kernel under other tile
+and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for bit), then "ALL EQUAL" (exit 0)
+or the differences (exit 1; also when a fused path is asked for and triton cannot be imported).
 
-    python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths fused torch]
+    python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths fused fused-v1 torch] [--sweep]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 import ml_dtypes
 import numpy as np
@@ -27,7 +30,11 @@ from harness.capture.stats import tensor_stats
 from harness.frameworks import triton_digest
 from harness.frameworks.torch import TorchAdapter, device_digest
 
-PATHS = {"fused": "triton", "torch": "torch"}  # path -> XFALIGN_FAST_DIGEST_KERNEL
+PATHS = {"fused": "fused", "fused-v1": "fused-v1", "torch": "torch"}  # path -> XFALIGN_FAST_DIGEST_KERNEL
+# (ROWS, WARPS, PROGRAMS_PER_SM) of triton_digest's default kernel that --sweep times (the first: the defaults)
+# (PROGRAMS_PER_SM: an upper bound; the programs resident at once, from the registers, decide below it)
+SWEEP = ((triton_digest.ROWS, triton_digest.WARPS, triton_digest.PROGRAMS_PER_SM), (4, 4, 8), (2, 4, 8), (16, 4, 8),
+         (8, 8, 8), (4, 8, 8), (8, 4, 2))
 
 
 def arrays() -> dict[str, np.ndarray]:
@@ -77,11 +84,13 @@ def digests(cases: list, path: str, adapter: TorchAdapter) -> list[dict]:
 
 
 def timing(tensor, path: str, repeat: int = 20) -> float:
-    """Milliseconds of one digest of `tensor` by `path` (CUDA events, after a warm-up)."""
+    """Milliseconds of GPU time of one digest of `tensor` by `path` (CUDA events, after a warm-up; the GPU
+    first sleeps ~5 ms so that the launches queue up: the time is the kernels', not the launches')."""
     os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
     device_digest(tensor)
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
+    torch.cuda._sleep(10_000_000)
     start.record()
     for _ in range(repeat):
         device_digest(tensor)
@@ -90,14 +99,49 @@ def timing(tensor, path: str, repeat: int = 20) -> float:
     return start.elapsed_time(stop) / repeat
 
 
+def host_timing(tensor, path: str, repeat: int = 20) -> float:
+    """Milliseconds of CPU time of one call of device_digest (the launches) by `path`."""
+    os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
+    device_digest(tensor)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # the GPU busy: the calls do not wait for it
+    began = time.perf_counter()
+    for _ in range(repeat):
+        device_digest(tensor)
+    seconds = time.perf_counter() - began
+    torch.cuda.synchronize()
+    return seconds * 1e3 / repeat
+
+
+def sweep(large, digest: str, adapter: TorchAdapter) -> int:
+    """Time (and check) the default fused kernel on `large` under each setting of SWEEP; the differences."""
+    saved = triton_digest.ROWS, triton_digest.WARPS, triton_digest.PROGRAMS_PER_SM
+    nbytes, wrong = large.numel() * large.element_size(), 0
+    try:
+        for rows, warps, per_sm in SWEEP:
+            triton_digest.ROWS, triton_digest.WARPS, triton_digest.PROGRAMS_PER_SM = rows, warps, per_sm
+            found = digests([("", large, None)], "fused", adapter)[0]["fast64"]
+            wrong += found != digest
+            milliseconds = timing(large, "fused")
+            resident = [v for k, v in triton_digest._RESIDENT.items() if ("ROWS", rows) in k and ("num_warps", warps) in k
+                        and ("KIND", 2) in k and ("PARTIAL", False) in k]
+            print(f"sweep ROWS={rows} WARPS={warps} PROGRAMS_PER_SM<={per_sm} (resident {resident}): {milliseconds:.3f} ms "
+                  f"({nbytes / milliseconds / 1e6:.0f} GB/s), {'equal' if found == digest else 'DIFFERENT'}")
+    finally:
+        triton_digest.ROWS, triton_digest.WARPS, triton_digest.PROGRAMS_PER_SM = saved
+    return wrong
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--paths", choices=tuple(PATHS), nargs="+", default=None,
-                        help="device_digest's paths to check (default: fused and torch on cuda, torch on cpu)")
+                        help="device_digest's paths to check (default: all three on cuda, torch on cpu)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="on cuda, also time the default fused kernel under the settings of SWEEP")
     args = parser.parse_args()
     device = args.device
-    paths = args.paths or (["fused", "torch"] if device == "cuda" else ["torch"])
+    paths = args.paths or (list(PATHS) if device == "cuda" else ["torch"])
     adapter = TorchAdapter()
     with np.errstate(over="ignore", invalid="ignore"):  # 3.4e38 -> fp16 is inf; numpy's stats meet inf - inf
         cases = [(label, adapter.to_tensor(array, device, False), array) for label, array in arrays().items()]
@@ -111,7 +155,7 @@ def main() -> int:
         expected = [(fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))) for _, _, array in cases]
     differences = checked = 0
     for path in paths:
-        if path == "fused" and not (device == "cuda" and triton_digest.importable()):
+        if path.startswith("fused") and not (device == "cuda" and triton_digest.importable()):
             print(f"path fused: not available ({'triton cannot be imported' if device == 'cuda' else 'CUDA only'})")
             differences += 1
             continue
@@ -119,16 +163,20 @@ def main() -> int:
             same_hash, same = entry["fast64"] == digest, same_stats(entry["stats"], stats)
             differences += not (same_hash and same)
             checked += 1
-            print(f"{label:<44} {device} {path:<5} {entry['fast64']}  numpy {digest}  "
+            print(f"{label:<44} {device} {path:<8} {entry['fast64']}  numpy {digest}  "
                   f"{'equal' if same_hash else 'DIFFERENT'}, stats {'equal' if same else 'DIFFERENT'}"
                   + ("" if same else f" {entry['stats']} numpy {stats}"))
     if device == "cuda":
         large = next(tensor for label, tensor, _ in cases if label.startswith("bf16 [4096, 11008]"))
+        nbytes = large.numel() * large.element_size()
         for path in paths:
-            if path != "fused" or triton_digest.importable():
+            if not path.startswith("fused") or triton_digest.importable():
                 milliseconds = timing(large, path)
-                gbps = large.numel() * large.element_size() / milliseconds / 1e6
-                print(f"path {path}: one digest of bf16 [4096, 11008] {milliseconds:.3f} ms ({gbps:.0f} GB/s of the tensor read)")
+                print(f"path {path}: one digest of bf16 [4096, 11008] {milliseconds:.3f} ms of GPU "
+                      f"({nbytes / milliseconds / 1e6:.0f} GB/s of the tensor read), {host_timing(large, path):.3f} ms of CPU")
+        if args.sweep and triton_digest.importable():
+            differences += sweep(large, next(digest for (label, _, _), (digest, _) in zip(cases, expected, strict=True)
+                                             if label.startswith("bf16 [4096, 11008]")), adapter)
     os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
     where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"torch {torch.__version__} on {where}, paths {' '.join(paths)}: " +

@@ -1,6 +1,9 @@
-"""The fused Triton digest (harness.frameworks.triton_digest) gives the numpy fast64 bit for bit and the
-numpy statistics (to 1e-12 relative), for every dtype a dump holds, odd byte lengths, empty tensors, a view
-that starts off a 4-byte boundary, NaN/Inf, and tensors of many blocks and many tiles per program.
+"""The fused Triton digests (harness.frameworks.triton_digest: `fused_device_digest`, the default, under
+several tile and grid settings, and `fused_device_digest_v1`) give the numpy fast64 bit for bit and the
+numpy statistics (to 1e-12 relative), for every dtype a dump holds, odd byte lengths, empty tensors, views
+that start 1 to 3 bytes off a 4-byte boundary, NaN/Inf, integer extremes, and tensors of many blocks and
+many tiles per program (both the unmasked tiles of whole blocks and the masked rest). The integer dtypes no
+dump holds (int8, int16, uint8) are checked by S and the statistics against numpy directly.
 
 Triton is not installed beside torch (it could change torch.compile's behaviour for the cases):
 scripts/setup.sh puts it into build/tritonsite, and the kernels run in Triton's CPU interpreter
@@ -43,7 +46,26 @@ def _cases() -> list[tuple[str, Any, Any, int]]:
     rng = np.random.default_rng(0)
     normal = rng.standard_normal
     special = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, 3.0, -7.5, np.nan]
+    extremes64 = np.array([-2**63, 2**63 - 1, 0, -1, 1, -2**62, 2**62 + 12345, -7], np.int64)
+    extremes32 = np.array([-2**31, 2**31 - 1, 0, -1, 1, -2**30, 2**30 + 123], np.int32)
     arrays = {
+        "bf16 [9*BLOCK+3] (9 blocks, odd bytes: unmasked groups and the rest)":
+            (normal(18 * BLOCK + 3).astype(ml_dtypes.bfloat16), 7),
+        "fp32 [5*BLOCK+1] (5 blocks + 1 word)": (normal(5 * BLOCK + 1).astype(np.float32), 6),
+        "fp64 [5*BLOCK//2+3] (6 blocks)": (normal(5 * BLOCK // 2 + 3) * 1e5, 5),
+        "bool [12*BLOCK+1] (3 blocks, odd bytes)": (rng.random(12 * BLOCK + 1) > 0.5, 9),
+        "fp16 [8*BLOCK+3] (4 blocks, odd bytes)": (normal(8 * BLOCK + 3).astype(np.float16), 8),
+        "int32 [4*BLOCK+5] with extremes": (np.concatenate([rng.integers(-2**31, 2**31 - 1, size=4 * BLOCK - 2,
+                                                                         dtype=np.int32), extremes32]), 4),
+        "int64 [3*BLOCK//2] with extremes": (np.concatenate([rng.integers(-2**63, 2**63 - 1, size=3 * BLOCK // 2 - 8,
+                                                                          dtype=np.int64), extremes64]), 3),
+        "int64 extremes": (extremes64, 1024),
+        "bf16 NaN/Inf spread over blocks": (np.where(rng.random(4 * BLOCK + 1) < 0.001,
+                                                     rng.choice([np.nan, np.inf, -np.inf], 4 * BLOCK + 1),
+                                                     normal(4 * BLOCK + 1)).astype(ml_dtypes.bfloat16), 4),
+        "fp32 all Inf": (np.full(7, np.inf, np.float32), 1024),
+        "bf16 [1]": (np.array([-3.5], ml_dtypes.bfloat16), 1024),
+        "bool [3]": (np.array([True, False, True]), 1024),
         "bf16 [7, 13]": (normal((7, 13)).astype(ml_dtypes.bfloat16), 1024),
         "bf16 [2*BLOCK+1] (2 blocks, odd bytes)": (normal(2 * BLOCK + 1).astype(ml_dtypes.bfloat16), 4),
         "bf16 NaN/Inf/-0/subnormal": (np.array(special, np.float32).astype(ml_dtypes.bfloat16), 1024),
@@ -69,31 +91,91 @@ def _cases() -> list[tuple[str, Any, Any, int]]:
     cases.append(("bf16 [40] view at byte offset 2", adapter.to_tensor(bf16, "cpu", False)[1:], bf16[1:], 1024))
     flags = rng.random(23) > 0.5
     cases.append(("bool [20] view at byte offset 3", adapter.to_tensor(flags, "cpu", False)[3:], flags[3:], 1024))
+    big_flags = rng.random(4 * BLOCK + 9) > 0.5
+    for offset in (1, 2, 3):
+        cases.append((f"bool view at byte offset {offset}", adapter.to_tensor(flags, "cpu", False)[offset:offset + 13],
+                      flags[offset:offset + 13], 1024))
+        cases.append((f"bool [4*BLOCK+...] view at byte offset {offset} (odd bytes)",
+                      adapter.to_tensor(big_flags, "cpu", False)[offset:], big_flags[offset:], 3))
+    fp16 = normal(4 * BLOCK + 3).astype(np.float16)
+    cases.append(("fp16 view at byte offset 2 (2 blocks)", adapter.to_tensor(fp16, "cpu", False)[1:], fp16[1:], 5))
+    cases.append(("fp16 view at byte offset 4, 6 elements", adapter.to_tensor(fp16, "cpu", False)[2:8], fp16[2:8], 1024))
     matrix = normal((33, 65)).astype(np.float32)
     cases.append(("fp32 [65, 33] transposed (not contiguous)", adapter.to_tensor(matrix, "cpu", False).t(), matrix.T, 1024))
     assert all(isinstance(t, torch.Tensor) for _, t, _, _ in cases)
     return cases
 
 
+# (ROWS, WARPS, SINGLE_PROGRAM_TILES_V2, whether MAX_PROGRAMS_V2 takes the case's program count) of the runs of
+# `fused_device_digest`: the defaults; 2 rows (unmasked tiles from 2 whole blocks on) with 1 warp's lanes
+V2_SETTINGS = ((8, 4, 4, False), (2, 1, 1, True))  # the default; small tiles over many programs
+
+
+def _other_ints() -> list[tuple[str, Any, Any]]:
+    """int8, int16, uint8 (no dump holds them: checked by S and the statistics)."""
+    import numpy as np
+    import torch
+
+    from harness.capture.fast_hash import BLOCK
+
+    rng = np.random.default_rng(5)
+    arrays = {"int8 [2*BLOCK*4+3] with extremes": np.concatenate([rng.integers(-128, 128, 8 * BLOCK, dtype=np.int8),
+                                                                  np.array([-128, 127, -1], np.int8)]),
+              "int16 [2*BLOCK*2+1] with extremes": np.concatenate([rng.integers(-2**15, 2**15, 4 * BLOCK, dtype=np.int16),
+                                                                   np.array([-2**15], np.int16)]),
+              "uint8 [4*BLOCK*2+7]": rng.integers(0, 256, 8 * BLOCK + 7, dtype=np.uint8),
+              "int8 [5]": np.array([-128, 127, 0, -1, 3], np.int8)}
+    return [(label, torch.from_numpy(array.copy()), array) for label, array in arrays.items()]
+
+
+def _settings(version: str, setting: tuple | None, programs: int) -> None:
+    from harness.frameworks import triton_digest
+
+    if version == "v1":
+        triton_digest.MAX_PROGRAMS = programs  # few programs: many tiles each, and the partial rows' reduction
+        triton_digest.SINGLE_PROGRAM_TILES = 1 if programs < 1024 else 8
+    else:
+        assert setting is not None
+        rows, warps, single, capped = setting
+        triton_digest.ROWS, triton_digest.WARPS, triton_digest.SINGLE_PROGRAM_TILES_V2 = rows, warps, single
+        triton_digest.MAX_PROGRAMS_V2 = programs if capped and programs < 1024 else None
+
+
 def _run() -> None:
-    """In the interpreter's subprocess: one JSON line per case (fused vs numpy)."""
+    """In the interpreter's subprocess: one JSON line per case and run (fused vs numpy)."""
     import numpy as np
 
-    from harness.capture.fast_hash import PendingDigest, fast64
+    from harness.capture.fast_hash import PendingDigest, block_sum, fast64, raw_bytes
     from harness.capture.stats import tensor_stats
     from harness.dtypes import dtype_name
     from harness.frameworks import triton_digest
 
+    runs = [("v1", None)] + [("v2", setting) for setting in V2_SETTINGS]
     for label, tensor, array, programs in _cases():
-        triton_digest.MAX_PROGRAMS = programs  # few programs: many tiles each, and the partial rows' reduction
-        triton_digest.SINGLE_PROGRAM_TILES = 1 if programs < 1024 else 8
-        handle = triton_digest.fused_device_digest(tensor)
-        work = PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, handle)
-        work.settle(handle.numpy())
-        entry = work.result()
-        print(json.dumps({"label": label, "fast64": entry["fast64"], "expected": fast64(np.asarray(array)),
-                          "stats": entry["stats"], "expected_stats": tensor_stats(np.ascontiguousarray(array)),
-                          "elements": float(handle[4]), "size": int(array.size)}), flush=True)
+        expected, expected_stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
+        for version, setting in runs:
+            _settings(version, setting, programs)
+            digest = triton_digest.fused_device_digest_v1 if version == "v1" else triton_digest.fused_device_digest
+            handle = digest(tensor)
+            work = PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, handle)
+            work.settle(handle.numpy())
+            entry = work.result()
+            print(json.dumps({"label": f"{label} {version} {setting}", "fast64": entry["fast64"], "expected": expected,
+                              "stats": entry["stats"], "expected_stats": expected_stats,
+                              "elements": float(handle[4]), "size": int(array.size)}), flush=True)
+    for label, tensor, array in _other_ints():
+        s = int(np.array(block_sum(raw_bytes(array)), dtype=np.uint64).view(np.int64))
+        for setting in V2_SETTINGS:
+            _settings("v2", setting, 3)
+            handle = triton_digest.fused_device_digest(tensor)
+            row = handle.numpy()
+            found_s = int(row[7:8].view(np.int64)[0])
+            work = PendingDigest("int32", tuple(array.shape), array.nbytes, handle)  # stats only (the name is unused)
+            work.settle(row)
+            stats = work.result()["stats"]
+            print(json.dumps({"label": f"{label} v2 {setting}", "fast64": str(found_s), "expected": str(s),
+                              "stats": stats, "expected_stats": tensor_stats(array),
+                              "elements": float(row[4]), "size": int(array.size)}), flush=True)
 
 
 def _close(found, expected) -> bool:
@@ -108,10 +190,10 @@ def _close(found, expected) -> bool:
 def test_fused_digest_equals_numpy_in_triton_interpreter():
     assert (Path(SITE) / "triton").is_dir(), f"no triton in XFALIGN_TRITON_SITE={SITE}"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([SITE, str(ROOT)])}
-    done = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 21, done.stdout
+    assert len(results) == (1 + len(V2_SETTINGS)) * len(_cases()) + len(V2_SETTINGS) * 4, done.stdout[-4000:]
     for result in results:
         label = result["label"]
         assert result["fast64"] == result["expected"], label

@@ -380,8 +380,9 @@ def device_digest(tensor) -> PendingDigest:
     synchronisation: on a GPU the kernels run in stream order, before any later in-place change of the
     tensor); ValueError for a dtype no dump holds. The handle: fast_hash.SLOTS as float64 (the count of
     finite values as the element count here; PendingDigest.settle takes NaN and Inf off).
-    A CUDA tensor takes the fused Triton kernels of harness.frameworks.triton_digest (one read of the
-    tensor) where triton is importable, unless XFALIGN_FAST_DIGEST_KERNEL=torch; else the torch ops below."""
+    A CUDA tensor takes the fused Triton kernel of harness.frameworks.triton_digest (one read of the tensor:
+    `fused_device_digest`) where triton is importable and the kernel reads the dtype; the first Triton
+    kernels with XFALIGN_FAST_DIGEST_KERNEL=fused-v1, the torch ops below with =torch (or without triton)."""
     import torch
 
     name = dtype_name_of(tensor)
@@ -391,9 +392,11 @@ def device_digest(tensor) -> PendingDigest:
     if tensor.is_cuda:
         from harness.frameworks import triton_digest
 
-        if triton_digest.kernel_choice() != "torch" and triton_digest.available(tensor):
+        choice = triton_digest.kernel_choice()
+        if choice != "torch" and triton_digest.available(tensor) and triton_digest.supports(tensor):
+            digest = triton_digest.fused_device_digest_v1 if choice == "fused-v1" else triton_digest.fused_device_digest
             return PendingDigest(name, tuple(int(n) for n in tensor.shape), detached.numel() * detached.element_size(),
-                                 triton_digest.fused_device_digest(detached))
+                                 digest(detached))
     values = detached.reshape(-1).to(torch.float64)
     s = block_sum(detached).reshape(1).view(torch.float64)
     if not values.numel():
