@@ -48,7 +48,7 @@ import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
@@ -140,34 +140,36 @@ def _literal(text: str) -> str:
 
 # --- layouts ---
 
-def _permutation(axes: list[int] | None) -> list[int] | None:
-    if axes is not None and sorted(axes) != list(range(len(axes))):
-        raise ValueError(f"permute lists each axis 0..n-1 once, got {axes}")
-    return axes
-
-
-def _one_kind(layout: Any) -> Any:
-    if layout.permute is not None and layout.transpose:
-        raise ValueError("give permute or transpose, not both")
-    return layout
-
-
-
-class Layout(BaseModel):
-    """How a B tensor's axes become A's: `permute` (A axis k = B axis permute[k]) or `transpose` (last two)."""
-
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    permute: list[StrictInt] | None = None
-    transpose: StrictBool = False
 
-    @field_validator("permute")
+
+class _LayoutChecks(_Strict):
+    """The checks of a `permute` / `transpose` pair, for the models that declare them (Layout, a tensor entry)."""
+
+    if TYPE_CHECKING:  # declared by each subclass, where its fields are in the order errors are reported
+        permute: list[int] | None
+        transpose: bool
+
+    @field_validator("permute", check_fields=False)
     @classmethod
     def _permutation(cls, axes: list[int] | None) -> list[int] | None:
-        return _permutation(axes)
+        if axes is not None and sorted(axes) != list(range(len(axes))):
+            raise ValueError(f"permute lists each axis 0..n-1 once, got {axes}")
+        return axes
 
     @model_validator(mode="after")
-    def _one_kind(self) -> Layout:
-        return _one_kind(self)
+    def _one_kind(self) -> Any:
+        if self.permute is not None and self.transpose:
+            raise ValueError("give permute or transpose, not both")
+        return self
+
+
+class Layout(_LayoutChecks):
+    """How a B tensor's axes become A's: `permute` (A axis k = B axis permute[k]) or `transpose` (last two)."""
+
+    permute: list[StrictInt] | None = None
+    transpose: StrictBool = False
 
     @property
     def identity(self) -> bool:
@@ -202,10 +204,6 @@ IDENTITY = Layout()
 # --- the map file's schema ----------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 class Split(_Strict):
     axis: StrictInt  # of the fused tensor, in its own side's layout
     sizes: list[PositiveInt] | None = None  # default: equal parts
@@ -232,7 +230,7 @@ def _parts(value: Any) -> list[tuple[str, str]]:
     raise ValueError(f"a tensor name pattern, a list of them, or a mapping part: pattern, got {describe_value(value)}")
 
 
-class TensorEntrySpec(_Strict):
+class TensorEntrySpec(_LayoutChecks):
     a: Any
     b: Any
     permute: list[StrictInt] | None = None
@@ -247,15 +245,6 @@ class TensorEntrySpec(_Strict):
         for _, text in parts:
             Pattern.compile(text)
         return parts
-
-    @field_validator("permute")
-    @classmethod
-    def _permutation(cls, axes: list[int] | None) -> list[int] | None:
-        return _permutation(axes)
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> TensorEntrySpec:
-        return _one_kind(self)
 
 
 class ModuleEntrySpec(_Strict):
