@@ -244,10 +244,18 @@ class Dump:
         return {name: Digest.from_json(d) for name, d in self.meta["inputs"].items()}
 
     @property
+    def names(self) -> list[str]:
+        """Every tensor recorded, stored or digest-only, in the dump's order (forward -> backward)."""
+        if self.order is not None:
+            return list(self.order)
+        return list(self.tensors) + [name for name in self.unstored if name not in self.tensors]
+
+    @property
     def digests(self) -> dict[str, Digest]:
-        """As recorded when the dump was written; a dump never written is hashed now."""
+        """As recorded when the dump was written; a dump never written (e.g. one a map translated) has its
+        stored tensors hashed now, its digest-only ones as recorded."""
         if "tensors" not in self.meta:
-            return digests_of(self.tensors)
+            return {**{name: Digest.from_json(entry) for name, entry in self.unstored.items()}, **digests_of(self.tensors)}
         return {entry["name"]: Digest.from_json(entry) for entry in self.meta["tensors"]}
 
     @property

@@ -436,7 +436,7 @@ class TensorMap:
     def to_a(self, dump_b: Dump) -> MappedDump:
         """B's dump in A's names and layouts. Stored tensors transformed; digest-only ones renamed when the
         layout keeps their bytes, else left out (`left_out`). meta.capture stays B's (B's module names)."""
-        names = list(dump_b.order) if dump_b.order is not None else [*dump_b.tensors, *dump_b.unstored]
+        names = dump_b.names
         stored = [name for name in names if name in dump_b.tensors]
         check = getattr(dump_b.tensors, "check", None)
         if check is not None:

@@ -134,8 +134,7 @@ def _adapter(module: Any) -> FrameworkAdapter:
 
 def _call_tensors(dump: Dump, module: str, call: int, role: str) -> dict[str, np.ndarray]:
     prefix = call_tensor(module, call, role, "")
-    return {name: np.asarray(dump.tensors[name]) for name in (dump.order or dump.tensors)
-            if name.startswith(prefix) and name in dump.tensors}
+    return {name: np.asarray(dump.tensors[name]) for name in dump.names if name.startswith(prefix) and name in dump.tensors}
 
 
 def _call_arguments(arrays: dict[str, np.ndarray], module: str, call: int) -> tuple[list, dict]:

@@ -12,7 +12,7 @@ from harness.case import ExpectSpec
 from harness.compare.expectations import Expectation
 from harness.compare.findings import Finding
 from harness.compare.pairs import Pair, originate
-from harness.digest import Digest, StreamCheck, digests_of
+from harness.digest import Digest, StreamCheck
 from harness.dump import CheckedTensors, Dump
 from harness.errors import XfalignError
 
@@ -110,10 +110,10 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
                             "the dumps come from different cases or seeds")
     if expect is None:
         expect = ExpectSpec(**a.meta["case"].get("expect", {}))
-    a_names = recorded_names(a)
+    a_names = a.names
     known = set(a_names)
-    names = a_names + [n for n in recorded_names(b) if n not in known]
-    a_digests, b_digests = _digests(a), _digests(b)
+    names = a_names + [n for n in b.names if n not in known]
+    a_digests, b_digests = a.digests, b.digests
     axes, notes = a.meta.get("axes", {}), a.meta.get("notes", {})
     checks: tuple[dict[str, StreamCheck], dict[str, StreamCheck]] = ({}, {})
     pairs = []
@@ -126,21 +126,6 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
     _settle((a, b), checks)  # nothing found is used before the bytes are known to be the recorded ones
     results = [TensorResult.judge(pair, expect.for_tensor(pair.name)) for pair in pairs]
     return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), results, a.input_digests)
-
-
-def recorded_names(dump: Dump) -> list[str]:
-    """Every tensor the dump recorded, stored or digest-only, in its order (forward -> backward)."""
-    if dump.order is not None:
-        return list(dump.order)
-    return list(dump.tensors) + [name for name in dump.unstored if name not in dump.tensors]
-
-
-def _digests(dump: Dump) -> dict[str, Digest]:
-    """Recorded digests; a dump never written (e.g. translated through a map) is hashed now, and its
-    digest-only tensors keep the digests they were recorded with."""
-    if "tensors" in dump.meta:
-        return dump.digests
-    return {**{name: Digest.from_json(entry) for name, entry in dump.unstored.items()}, **digests_of(dump.tensors)}
 
 
 def _unchecked(tensors, name: str, checks: dict[str, StreamCheck]) -> tuple[np.ndarray | None, StreamCheck | None]:
