@@ -95,8 +95,8 @@ def test_megatron_mode_is_applied(write_case, tmp_path):
     ).replace("all: bitwise", "all: report"))
     code, result = run_json(["run", str(path)], tmp_path)
     assert code == 0
-    assert result["sides"]["b"]["environment"]["env.TORCHDYNAMO_DISABLE"] == "1"
-    assert "env.TORCHDYNAMO_DISABLE" not in result["sides"]["a"]["environment"]
+    assert result["sides"]["b"]["environment"]["compile_stance"] == "force_eager"
+    assert result["sides"]["a"]["environment"]["compile_stance"] == "default"
     assert not result["tensors"][0]["bitwise"]
 
 

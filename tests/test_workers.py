@@ -215,7 +215,9 @@ def test_one_import_per_framework_and_a_crash_fails_only_its_case(tmp_path, work
 @pytest.mark.slow  # a fresh Megatron worker (~5 s); compile vs eager bits: test_end_to_end's test_megatron_mode_is_applied
 def test_compile_and_eager_switch_at_runtime_match_fresh_workers(tmp_path, workers, monkeypatch):
     """One worker runs compiled then eager Megatron (eager switched at runtime; the session's worker, which
-    may have run compiled cases before); a worker whose first case is eager gives the same bits."""
+    may have run compiled cases before); a worker whose first case is eager gives the same bits, and the
+    same compiled bits in its next, compiled, case (a compiled function first called in eager mode must
+    not stay eager)."""
     monkeypatch.chdir(tmp_path)
     text = with_sides("""
         compiled: {framework: megatron, mode: compile}
@@ -230,14 +232,19 @@ def test_compile_and_eager_switch_at_runtime_match_fresh_workers(tmp_path, worke
     spawned = workers.stats()["spawned"].get("megatron", 0)
     run = run_case(both, pool=workers, dump_dirs={"compiled": tmp_path / "c", "eager": tmp_path / "e"})
     assert workers.stats()["spawned"]["megatron"] - spawned <= 1  # both sides in one worker
+    (tmp_path / "compiled.yaml").write_text(text.replace("  eager: {framework: megatron, mode: eager}\n",
+                                                         "  again: {framework: megatron, mode: compile}\n"))
+    compiled_only = load_case(tmp_path / "compiled.yaml")
     with WorkerPool(jobs=1) as fresh:
         alone = run_case(eager_only, pool=fresh, dump_dirs={"eager": tmp_path / "e2"})
+        after_eager = run_case(compiled_only, pool=fresh, dump_dirs={"compiled": tmp_path / "c2"})
         assert fresh.stats()["spawned"] == {"megatron": 1}
     digests = lambda dump: {t["name"]: t["md5"] for t in dump.meta["tensors"]}  # noqa: E731
     assert digests(run.dumps["eager"]) == digests(alone.dumps["eager"])
+    assert digests(after_eager.dumps["compiled"]) == digests(run.dumps["compiled"])
     assert digests(run.dumps["compiled"]) != digests(run.dumps["eager"])  # the mode did switch
-    assert run.dumps["eager"].meta["environment"]["env.TORCHDYNAMO_DISABLE"] == "1"
-    assert "env.TORCHDYNAMO_DISABLE" not in run.dumps["compiled"].meta["environment"]
+    assert run.dumps["eager"].meta["environment"]["compile_stance"] == "force_eager"
+    assert run.dumps["compiled"].meta["environment"]["compile_stance"] == "default"
 
 
 def test_default_pool_is_used_by_run_case_and_the_cli_and_closing_it_kills_every_worker_group(

@@ -20,19 +20,18 @@ INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 
 
 class TorchAdapter(FrameworkAdapter):
-    # torch.compile (Megatron's jit_fuser) or eager: TORCHDYNAMO_DISABLE=1 in a one-job worker; a
-    # long-lived worker imports in compile mode and switches per case with torch.compiler.set_stance
-    # ("force_eager": every torch.compile'd function runs its plain Python body), the variable set too.
+    # torch.compile (Megatron's jit_fuser) or eager, switched per case with torch.compiler.set_stance
+    # ("force_eager": every torch.compile'd function runs its plain Python body). Not TORCHDYNAMO_DISABLE:
+    # a torch.compile'd function first called while it is set stays uncompiled for the process's life, so
+    # a compiled case after an eager one in the same worker silently ran eager.
     modes = ("compile", "eager")
+    stance = "default"  # the torch.compiler stance set_mode chose (recorded in the fingerprint)
     default_impl = "megatron"
     tensor_kind = "a torch tensor"
 
     def before_import(self, profile, mode: str | None) -> None:
         super().before_import(profile, mode)
-        if (mode or self.default_mode) == "eager":
-            os.environ["TORCHDYNAMO_DISABLE"] = "1"
-        else:
-            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        os.environ.pop("TORCHDYNAMO_DISABLE", None)  # see `modes`: it would freeze compiled functions as eager
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
 
     def apply_profile(self, profile) -> None:
@@ -66,12 +65,8 @@ class TorchAdapter(FrameworkAdapter):
     def set_mode(self, mode: str | None) -> None:
         import torch
 
-        if (mode or self.default_mode) == "eager":
-            os.environ["TORCHDYNAMO_DISABLE"] = "1"  # also recorded in the fingerprint, as in a one-job worker
-            torch.compiler.set_stance("force_eager")
-        else:
-            os.environ.pop("TORCHDYNAMO_DISABLE", None)
-            torch.compiler.set_stance("default")
+        self.stance = "force_eager" if (mode or self.default_mode) == "eager" else "default"
+        torch.compiler.set_stance(self.stance)
 
     def save_state(self) -> dict:
         import torch
@@ -301,7 +296,8 @@ class TorchAdapter(FrameworkAdapter):
     def runtime_fingerprint(self, device: str) -> dict:
         import torch
 
-        fields: dict[str, bool | str] = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
+        fields: dict[str, bool | str] = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+                                         "compile_stance": self.stance}
         if device == "cuda":
             matmul = torch.backends.cuda.matmul
             fields |= {"allow_tf32_matmul": matmul.allow_tf32, "allow_tf32_cudnn": torch.backends.cudnn.allow_tf32,
