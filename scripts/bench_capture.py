@@ -4,22 +4,22 @@ each round, so that load from other processes hits them alike); medians, and eac
 plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
-                                     [--device cpu|cuda] [--hash md5|fast|fast-v1|fast-torch ...] [--no-full]
+                                     [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full]
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
-and "fast" (fast64 and the stats computed where the tensor lives, harness.capture.fast_hash: on a GPU by
-torch ops, one transfer of a few scalars per tensor at cap.step(); on the CPU by numpy in the hook, on the
-tensor's own memory, no copy). On CUDA "fast" takes the fused Triton kernels (harness.frameworks.triton_digest)
-where triton is importable; "fast-torch" is the same hash by the torch ops (XFALIGN_FAST_DIGEST_KERNEL=torch
-while that variant runs) and "fast-v1" by the first Triton kernels (XFALIGN_FAST_DIGEST_KERNEL=fused-v1), so
---hash fast fast-v1 fast-torch times the three in one run. --no-full leaves out the full capture (on a large
+and "fast" (fast64 and the stats computed where the tensor lives, harness.capture.fast_hash: on a GPU one
+transfer of a few scalars per tensor, started at cap.step(); on the CPU by numpy in the hook, on the tensor's
+own memory, no copy). On CUDA "fast" takes the Triton kernel (harness.frameworks.triton_digest) where triton
+is importable; "fast-torch" is the same hash by torch ops (XFALIGN_FAST_DIGEST_KERNEL=torch while that variant
+runs), so --hash fast fast-torch times both in one run. --no-full leaves out the full capture (on a large
 model it takes seconds per round).
 
 The model: megatron.core.transformer.mlp.MLP (ColumnParallelLinear -> bias SwiGLU -> RowParallelLinear), TP=1
-in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2). A captured step is
-forward + backward + cap.step() (which waits for the hashing and writes the step's dump); entering and
-leaving the capture are not timed. On cuda the clock stops after a device synchronize (the capture copies
-every tensor to the host, which synchronizes anyway; hash "fast" synchronizes once, at cap.step()).
+in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2); --model layer / moe-layer:
+a whole TransformerLayer (CUDA only). A step is forward + backward (+ cap.step() when captured) and, on cuda,
+a device synchronize (as a training loop's loss.item() would); a round is --steps consecutive steps of one
+variant, a captured round inside one `with capture` block whose end (the last step's write) is timed too,
+entering it is not. The result is the time per step.
 bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
 The issue's target: digest mode <= 1.5x the plain step.
 """
@@ -42,7 +42,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from harness.capture import capture
 from harness.ops.megatron_group import one_process_group
 
-HASH_KERNELS = {"fast-torch": "torch", "fast-v1": "fused-v1"}  # a --hash variant -> XFALIGN_FAST_DIGEST_KERNEL while it runs
+HASH_KERNELS = {"fast-torch": "torch"}  # a --hash variant -> XFALIGN_FAST_DIGEST_KERNEL while it runs
 
 
 def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
@@ -68,21 +68,30 @@ def build_layer(hidden: int, ffn: int, heads: int, moe: bool, dtype: torch.dtype
     return build_module(spec, config=config, layer_number=1)
 
 
-def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
+def forward_backward(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
+    for param in model.parameters():
+        param.grad = None
     result = model(x) if isinstance(model, MLP) else model(x, attention_mask=None)
     output, bias = result  # the MLP's (output, bias); a layer's (output, context), context None
     (output if bias is None else output + bias).backward(grad)
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cap=None) -> None:
+    forward_backward(model, x, grad)
+    if cap is not None:
+        cap.step()
     if x.is_cuda:
         torch.cuda.synchronize()
 
 
-def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path) -> float:
-    for param in model.parameters():
-        param.grad = None
+def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: int) -> float:
+    """Seconds per step over `steps` consecutive steps; a captured run's clock stops when its `with capture`
+    block has ended (the last step written)."""
     if variant is None:
         start = time.perf_counter()
-        train_step(model, x, grad)
-        return time.perf_counter() - start
+        for _ in range(steps):
+            train_step(model, x, grad)
+        return (time.perf_counter() - start) / steps
     mode, hash_ = variant
     kernel, previous = HASH_KERNELS.get(hash_), os.environ.get("XFALIGN_FAST_DIGEST_KERNEL")
     if kernel:
@@ -90,15 +99,15 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path) -> floa
     try:
         with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_.split("-")[0]) as cap:
             start = time.perf_counter()
-            train_step(model, x, grad)
-            cap.step()
-            seconds = time.perf_counter() - start
+            for _ in range(steps):
+                train_step(model, x, grad, cap)
+        seconds = time.perf_counter() - start
     finally:
         if kernel:
             os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
             if previous is not None:
                 os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = previous
-    return seconds
+    return seconds / steps
 
 
 def main() -> None:
@@ -108,13 +117,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512, help="sequence length x batch")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=4, help="consecutive training steps per round and variant")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--model", choices=("mlp", "layer", "moe-layer"), default="mlp",
                         help="the MLP, or a whole TransformerLayer (dense or MoE; CUDA only)")
     parser.add_argument("--heads", type=int, default=32, help="attention heads of --model layer / moe-layer")
     parser.add_argument("--hash", choices=("md5", "fast", *HASH_KERNELS), nargs="+", default=["md5"],
-                        help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA, "
-                             "fast-v1: by the first Triton kernels)")
+                        help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA)")
     parser.add_argument("--no-full", action="store_true", help="leave out the full capture variant")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -135,17 +144,18 @@ def main() -> None:
         x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
         grad = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype)
         for mode in modes:  # warm-up: first calls, allocator, the capture's imports
-            timed(model, x, grad, mode, Path(tmp))
+            timed(model, x, grad, mode, Path(tmp), args.steps)
         for round_ in range(args.rounds):
             turn = round_ % len(modes)
             for mode in modes[turn:] + modes[:turn]:  # a different variant first each round
-                times[mode].append(timed(model, x, grad, mode, Path(tmp)))
-        written = sum(f.stat().st_size for f in (Path(tmp) / "full-md5").rglob("*") if f.is_file()) if not args.no_full else 0
+                times[mode].append(timed(model, x, grad, mode, Path(tmp), args.steps))
+        written = sum(f.stat().st_size for f in (Path(tmp) / "full-md5").rglob("*") if f.is_file()) / args.steps \
+            if not args.no_full else 0
     params = sum(p.numel() for p in model.parameters())
     plain = statistics.median(times[None])
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
     print(f"megatron-core {args.model} hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
-          f"{params:,} parameters, {where}; median of {args.rounds} rounds")
+          f"{params:,} parameters, {where}; median of {args.rounds} rounds of {args.steps} steps")
     print(("no full capture; " if args.no_full else f"full capture writes {written / 2**20:.1f} MiB per step; ") +
           f"load average before {load[0]:.2f}, after "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")

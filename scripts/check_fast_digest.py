@@ -2,15 +2,14 @@
 path a capture with hash="fast" takes) equals the numpy one of the same bytes on the host
 (harness.capture.fast_hash.fast64, and the statistics of harness.capture.stats to 1e-12 relative), for a
 fixed set of tensors: several dtypes, odd sizes, empty, more than one block of words, NaN/Inf, views that
-do not start on a 4-byte boundary, a transposed one. On CUDA the three paths of `device_digest` are
-checked: "fused" (the default Triton kernel of harness.frameworks.triton_digest, `fused_device_digest`),
-"fused-v1" (the first Triton kernels, XFALIGN_FAST_DIGEST_KERNEL=fused-v1) and "torch" (torch ops,
-XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path, the time of one
+do not start on a 4-byte boundary, a transposed one. On CUDA both paths of `device_digest` are
+checked: "fused" (the Triton kernel of harness.frameworks.triton_digest, `fused_device_digest`) and
+"torch" (torch ops, XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path, the time of one
 digest of a large bf16 tensor per path on CUDA, with --sweep the time of the default kernel under other tile
 and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for bit), then "ALL EQUAL" (exit 0)
 or the differences (exit 1; also when a fused path is asked for and triton cannot be imported).
 
-    python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths fused fused-v1 torch] [--sweep]
+    python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths fused torch] [--sweep]
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from harness.capture.stats import tensor_stats
 from harness.frameworks import triton_digest
 from harness.frameworks.torch import TorchAdapter, device_digest
 
-PATHS = {"fused": "fused", "fused-v1": "fused-v1", "torch": "torch"}  # path -> XFALIGN_FAST_DIGEST_KERNEL
+PATHS = {"fused": "fused", "torch": "torch"}  # path -> XFALIGN_FAST_DIGEST_KERNEL
 # (ROWS, WARPS, PROGRAMS_PER_SM) of triton_digest's default kernel that --sweep times (the first: the defaults)
 # (PROGRAMS_PER_SM: an upper bound; the programs resident at once, from the registers, decide below it)
 SWEEP = ((triton_digest.ROWS, triton_digest.WARPS, triton_digest.PROGRAMS_PER_SM), (4, 4, 8), (2, 4, 8), (16, 4, 8),
@@ -78,7 +77,7 @@ def same_stats(found: dict, expected: dict) -> bool:
 def digests(cases: list, path: str, adapter: TorchAdapter) -> list[dict]:
     os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
     pending = [device_digest(tensor) for _, tensor, _ in cases]
-    for work, row in zip(pending, adapter.collect_digests([p.values for p in pending]), strict=True):
+    for work, row in zip(pending, adapter.fetch_digests([p.values for p in pending])(), strict=True):
         work.settle(row)
     return [work.result() for work in pending]
 

@@ -190,6 +190,46 @@ def test_hooks_are_removed_on_exit_and_an_interrupted_step_writes_nothing(torch,
     out.sum().backward()  # the grad hooks are gone: nothing recorded, nothing raised
 
 
+def test_steps_are_written_by_a_writer_thread_whose_errors_reach_the_training(torch, tmp_path, monkeypatch):
+    from harness.dump import Dump
+
+    model = torch_model(torch, np.random.default_rng(5))
+    with capture(model, tmp_path / "tree", mode="digest") as cap:
+        model(torch.ones(2, 3)).sum().backward()
+        folder = cap.step()
+        cap.flush()  # step() returned before the write; flush() waits for it
+        assert folder == tmp_path / "tree" / "step-00000" and read_tree(tmp_path / "tree").steps == ["step-00000"]
+    written = []
+    original = Dump.write
+
+    def failing_write(self, directory, **options):
+        written.append(directory.name)
+        if len(written) == 1:
+            raise OSError(28, "No space left on device")
+        return original(self, directory, **options)
+
+    monkeypatch.setattr(Dump, "write", failing_write)
+    with capture(model, tmp_path / "full") as cap:
+        model(torch.ones(2, 3)).sum().backward()
+        cap.step()  # the write fails on the writer thread: the training goes on ...
+        model.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        with pytest.raises(OSError, match="No space"):
+            cap.step()  # ... and the next step() raises it, having written nothing more
+        assert written == ["step-00000"]
+    written.clear()
+    with pytest.raises(RuntimeError, match="boom") as raised:
+        with capture(model, tmp_path / "again") as cap:
+            model(torch.ones(2, 3)).sum().backward()
+            cap.step()
+            raise RuntimeError("boom")
+    assert raised.value.__notes__ == ["xfalign capture: writing step 0 also failed: [Errno 28] No space left on device"]
+    with pytest.raises(OSError, match="No space"):  # the block's end raises a last write's error
+        with capture(model, tmp_path / "last") as cap:
+            model(torch.ones(2, 3)).sum().backward()
+            written.clear()
+
+
 def test_tree_layout_reader_errors_and_targets(torch, tmp_path):
     model = torch_model(torch, np.random.default_rng(5))
     with capture(model, tmp_path / "tree", mode="digest"):

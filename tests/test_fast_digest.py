@@ -26,7 +26,7 @@ def torch_fast64(torch, tensor) -> str:
     from harness.frameworks.torch import TorchAdapter, device_digest
 
     pending = device_digest(tensor)
-    pending.settle(TorchAdapter().collect_digests([pending.values])[0])
+    pending.settle(TorchAdapter().fetch_digests([pending.values])()[0])
     return pending.result()["fast64"]
 
 

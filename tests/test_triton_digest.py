@@ -1,5 +1,5 @@
-"""The fused Triton digests (harness.frameworks.triton_digest: `fused_device_digest`, the default, under
-several tile and grid settings, and `fused_device_digest_v1`) give the numpy fast64 bit for bit and the
+"""The fused Triton digest (harness.frameworks.triton_digest `fused_device_digest`, under several tile and
+grid settings, one program or many combined by the last to arrive) gives the numpy fast64 bit for bit and the
 numpy statistics (to 1e-12 relative), for every dtype a dump holds, odd byte lengths, empty tensors, views
 that start 1 to 3 bytes off a 4-byte boundary, NaN/Inf, integer extremes, and tensors of many blocks and
 many tiles per program (both the unmasked tiles of whole blocks and the masked rest). The integer dtypes no
@@ -106,9 +106,9 @@ def _cases() -> list[tuple[str, Any, Any, int]]:
     return cases
 
 
-# (ROWS, WARPS, SINGLE_PROGRAM_TILES_V2, whether MAX_PROGRAMS_V2 takes the case's program count) of the runs of
+# (ROWS, WARPS, SINGLE_PROGRAM_TILES, whether MAX_PROGRAMS takes the case's program count) of the runs of
 # `fused_device_digest`: the defaults; 2 rows (unmasked tiles from 2 whole blocks on) with 1 warp's lanes
-V2_SETTINGS = ((8, 4, 4, False), (2, 1, 1, True))  # the default; small tiles over many programs
+SETTINGS = ((8, 4, 4, False), (2, 1, 1, True))  # the default; small tiles over many programs
 
 
 def _other_ints() -> list[tuple[str, Any, Any]]:
@@ -128,17 +128,13 @@ def _other_ints() -> list[tuple[str, Any, Any]]:
     return [(label, torch.from_numpy(array.copy()), array) for label, array in arrays.items()]
 
 
-def _settings(version: str, setting: tuple | None, programs: int) -> None:
+def _settings(setting: tuple, programs: int) -> None:
     from harness.frameworks import triton_digest
 
-    if version == "v1":
-        triton_digest.MAX_PROGRAMS = programs  # few programs: many tiles each, and the partial rows' reduction
-        triton_digest.SINGLE_PROGRAM_TILES = 1 if programs < 1024 else 8
-    else:
-        assert setting is not None
-        rows, warps, single, capped = setting
-        triton_digest.ROWS, triton_digest.WARPS, triton_digest.SINGLE_PROGRAM_TILES_V2 = rows, warps, single
-        triton_digest.MAX_PROGRAMS_V2 = programs if capped and programs < 1024 else None
+    rows, warps, single, capped = setting
+    triton_digest.ROWS, triton_digest.WARPS, triton_digest.SINGLE_PROGRAM_TILES = rows, warps, single
+    triton_digest.MAX_PROGRAMS = programs if capped and programs < 1024 else None
+    triton_digest.REDUCE_ROWS = 4 if capped else 1024  # capped: the last program combines the rows in passes
 
 
 def _run() -> None:
@@ -150,30 +146,28 @@ def _run() -> None:
     from harness.dtypes import dtype_name
     from harness.frameworks import triton_digest
 
-    runs = [("v1", None)] + [("v2", setting) for setting in V2_SETTINGS]
     for label, tensor, array, programs in _cases():
         expected, expected_stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
-        for version, setting in runs:
-            _settings(version, setting, programs)
-            digest = triton_digest.fused_device_digest_v1 if version == "v1" else triton_digest.fused_device_digest
-            handle = digest(tensor)
+        for setting in SETTINGS:
+            _settings(setting, programs)
+            handle = triton_digest.fused_device_digest(tensor)
             work = PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, handle)
             work.settle(handle.numpy())
             entry = work.result()
-            print(json.dumps({"label": f"{label} {version} {setting}", "fast64": entry["fast64"], "expected": expected,
+            print(json.dumps({"label": f"{label} {setting}", "fast64": entry["fast64"], "expected": expected,
                               "stats": entry["stats"], "expected_stats": expected_stats,
                               "elements": float(handle[4]), "size": int(array.size)}), flush=True)
     for label, tensor, array in _other_ints():
         s = int(np.array(block_sum(raw_bytes(array)), dtype=np.uint64).view(np.int64))
-        for setting in V2_SETTINGS:
-            _settings("v2", setting, 3)
+        for setting in SETTINGS:
+            _settings(setting, 3)
             handle = triton_digest.fused_device_digest(tensor)
             row = handle.numpy()
             found_s = int(row[7:8].view(np.int64)[0])
             work = PendingDigest("int32", tuple(array.shape), array.nbytes, handle)  # stats only (the name is unused)
             work.settle(row)
             stats = work.result()["stats"]
-            print(json.dumps({"label": f"{label} v2 {setting}", "fast64": str(found_s), "expected": str(s),
+            print(json.dumps({"label": f"{label} {setting}", "fast64": str(found_s), "expected": str(s),
                               "stats": stats, "expected_stats": tensor_stats(array),
                               "elements": float(row[4]), "size": int(array.size)}), flush=True)
 
@@ -193,7 +187,7 @@ def test_fused_digest_equals_numpy_in_triton_interpreter():
     done = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == (1 + len(V2_SETTINGS)) * len(_cases()) + len(V2_SETTINGS) * 4, done.stdout[-4000:]
+    assert len(results) == len(SETTINGS) * (len(_cases()) + 4), done.stdout[-4000:]
     for result in results:
         label = result["label"]
         assert result["fast64"] == result["expected"], label

@@ -12,10 +12,13 @@ Forward records are in the order calls return (a module's after those of the mod
 first divergent output in record order is the earliest computed one; backward records in the order the
 gradients arrive. The framework is found by the adapters (harness.frameworks), which own the hook code.
 Tensors are copied to the host in the hooks and hashed (digest modes) on a thread pool while the step
-goes on; `step()` waits for that work before it writes. With hash="fast" (digest modes) a tensor is not
-copied: the adapter computes its fast64 (harness.capture.fast_hash) and statistics where it lives (on the
-GPU for a CUDA tensor), and `step()` moves those few scalars of every tensor to the host at once; no MD5
-is recorded for such a tensor (tensors kept in full still get one).
+goes on. With hash="fast" (digest modes) a tensor is not copied: the adapter computes its fast64
+(harness.capture.fast_hash) and statistics where it lives (on the GPU for a CUDA tensor), and `step()`
+starts moving those few scalars of every tensor to the host at once; no MD5 is recorded for such a tensor
+(tensors kept in full still get one). `step()` hands the step to a writer thread, which waits for that work
+and writes the step's dump while training goes on: the next `step()` waits for it (so at most one step is
+being written while the next is recorded), and so do `flush()` and the end of the `with` block, which raise
+a write's error.
 """
 
 from __future__ import annotations
@@ -155,6 +158,9 @@ class Capture:
         self._lock = threading.Lock()
         self._removers: list = []
         self._pool: ThreadPoolExecutor | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._writing: Future | None = None  # the write of the last step handed over
+        self._steps = 0  # steps handed to the writer
         self._step = _Step()
 
     # -- setup ------------------------------------------------------------------------------------------
@@ -228,9 +234,11 @@ class Capture:
         self._select()
         self._prepare_folder()
         self.environment = self._environment()
+        self.provenance = self.provenance or self._provenance()
         self._tensor = self.adapter.tensor_type()
         self._write_manifest()
         self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="xfalign-capture")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-capture-writer")
         try:
             for path, module in self.modules.items():
                 self._removers += self.adapter.hook_module(
@@ -246,16 +254,36 @@ class Capture:
             if kind is None and (self._step.started or self._step.records):
                 self.step()
         finally:
-            self._close()
+            failed = self._close()
+        if failed is not None:
+            if error is None:
+                raise failed
+            error.add_note(f"xfalign capture: writing step {self._steps - 1} also failed: {failed}")
 
-    def _close(self) -> None:
-        """Remove every hook; work of an unfinished step is dropped."""
+    def _close(self) -> BaseException | None:
+        """Remove every hook, drop the work of an unfinished step, wait for the last step's write; its
+        error, if it failed."""
         for remove in self._removers + self._step.grad_hooks:
             remove()
         self._removers, self._step = [], _Step()
+        failed = None
+        try:
+            self.flush()
+        except BaseException as error:  # noqa: BLE001 - handed to __exit__, which raises it or notes it
+            failed = error
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        return failed
+
+    def flush(self) -> None:
+        """Wait until every step handed to `step()` is written; raise the error of a write that failed."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     # -- recording (called from the hooks) ----------------------------------------------------------------
 
@@ -364,10 +392,11 @@ class Capture:
     # -- writing ------------------------------------------------------------------------------------------
 
     def step(self) -> Path:
-        """End the step: record the parameter gradients, wait for the hashing, write step-0000k (atomic)
-        and the manifest. Call it after the backward pass and before the gradients are zeroed."""
+        """End the step: record the parameter gradients, start moving the fast digests to the host and hand
+        the step to the writer, which writes step-0000k (atomic) and the manifest; the folder it will be.
+        Call it after the backward pass and before the gradients are zeroed (or changed in place)."""
         step = self._step
-        if self._pool is None:
+        if self._pool is None or self._writer is None:
             raise CaptureError("capture: step() called outside the `with capture(...)` block")
         with self._lock:
             if not step.started:
@@ -381,38 +410,48 @@ class Capture:
             self._step = _Step()  # hooks from here on record the next step
         for remove in step.grad_hooks:
             remove()
-        index = len(self.steps_written)
-        folder = self._dump(step, index).write(self.folder / step_folder(index))
-        self.steps_written.append(folder.name)
-        self._write_manifest()
-        return folder
+        pending = list({id(work): work for _, work in step.results.values()
+                        if isinstance(work, PendingDigest) and work.entry is None}.values())
+        rows = self.adapter.fetch_digests([p.values for p in pending]) if pending else None
+        self.flush()  # the step before: one step written at a time
+        index, self._steps = self._steps, self._steps + 1
+        self._writing = self._writer.submit(self._write, step, index, pending, rows)
+        return self.folder / step_folder(index)
 
-    def _dump(self, step: _Step, index: int) -> Dump:
+    def _write(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
+        """The writer thread's part of a step: its meta (while the device may still be digesting), the
+        digests' values, then the dump and the manifest."""
+        meta = self._meta(step, index)
+        if rows is not None:
+            for started, row in zip(pending, rows(), strict=True):
+                started.settle(row)
         tensors: dict[str, np.ndarray] = {}
         unstored: dict[str, dict] = {}
         stats: dict[str, dict] = {}
         order = [name for *_, names in step.records for name in names]
-        pending = list({id(work): work for _, work in step.results.values()
-                        if isinstance(work, PendingDigest) and work.entry is None}.values())
-        if pending:  # the device scalars of every fast digest, moved to the host together
-            for started, row in zip(pending, self.adapter.collect_digests([p.values for p in pending]), strict=True):
-                started.settle(row)
         for name in order:
             array, work = step.results[name]
             if array is None:
                 unstored[name] = work.result()
             else:
                 tensors[name], stats[name] = array, work.result()
+        # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
+        dump = Dump(meta, tensors, unstored=unstored, stats=stats, order=order)
+        folder = dump.write(self.folder / step_folder(index), validate=False)
+        self.steps_written.append(folder.name)
+        self._write_manifest()
+
+    def _meta(self, step: _Step, index: int) -> dict:
         info = CaptureInfo.model_validate({
             "step": index, "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root,
             "modules": self.infos,
             "records": [Record.model_validate({"module": m, "call": c, "phase": p, "tensors": n}) for m, c, p, n in step.records]})
         meta = {"case": {}, "case_name": "capture", "side": self.side, "framework": self.adapter.name, "impl": self.root,
-                "provenance": self.provenance or self._provenance(), "environment": self.environment, "inputs": {},
+                "provenance": self.provenance, "environment": self.environment, "inputs": {},
                 "capture": info.model_dump(mode="json")}
         if step.skipped:
             meta["notes"] = {"capture": f"not recorded (a dtype xfalign dumps do not hold): {', '.join(step.skipped)}"}
-        return Dump(meta, tensors, unstored=unstored, stats=stats, order=order)
+        return meta
 
     def _provenance(self) -> str:
         script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else "an interactive session"

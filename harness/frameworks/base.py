@@ -156,14 +156,15 @@ class FrameworkAdapter(ABC):
 
     def device_digest(self, tensor: Any) -> PendingDigest | None:
         """Start the fast digest (harness.capture.fast_hash) and the statistics of `tensor` where it lives,
-        without copying it to the host; `collect_digests` reads the handle's values at the step's end.
+        without copying it to the host; `fetch_digests` reads the handle's values at the step's end.
         None: this adapter has no such path (the capture hashes a host copy with numpy instead).
         ValueError: a dtype no dump holds."""
         return None
 
-    def collect_digests(self, handles: list) -> np.ndarray:
-        """The values (fast_hash.SLOTS, float64) of the handles `device_digest` made, one row each, moved to
-        the host together: one synchronisation per step."""
+    def fetch_digests(self, handles: list) -> Callable[[], np.ndarray]:
+        """Start moving the values (fast_hash.SLOTS, float64) of the handles `device_digest` made to the host,
+        together, without waiting; the function returned waits for them and gives one row per handle (the
+        capture's writer thread calls it, so the training does not wait for the device)."""
         raise NotImplementedError(f"{self.name}: no device digests")
 
     def tensor_version(self, tensor: Any) -> int | None:

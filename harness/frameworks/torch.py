@@ -7,6 +7,7 @@ import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -235,20 +236,35 @@ class TorchAdapter(FrameworkAdapter):
             return settled_digest(self.to_numpy(tensor))
         return device_digest(tensor)
 
-    def collect_digests(self, handles: list) -> np.ndarray:
+    def fetch_digests(self, handles: list):
         import torch
 
-        if not handles:
-            return np.zeros((0, len(SLOTS)))
-        # one transfer (and one synchronisation) per device for every digest of the step
-        rows: dict[int, np.ndarray] = {}
+        # one stack and one transfer per device for every digest of the step; a GPU's into pinned memory,
+        # asynchronously, done when an event recorded after it on the stream the digests ran on has passed
+        moves: list[tuple[list[int], Any, Any]] = []
         by_device: dict = {}
         for index, handle in enumerate(handles):
             by_device.setdefault(handle.device, []).append(index)
-        for indices in by_device.values():
-            moved = torch.stack([handles[i] for i in indices]).cpu().numpy()
-            rows.update(zip(indices, moved))
-        return np.stack([rows[i] for i in range(len(handles))])
+        for device, indices in by_device.items():
+            stacked = torch.stack([handles[i] for i in indices])
+            if device.type != "cuda":
+                moves.append((indices, stacked, None))
+                continue
+            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            host.copy_(stacked, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            moves.append((indices, host, done))
+
+        def rows() -> np.ndarray:
+            values = np.zeros((len(handles), len(SLOTS)))
+            for indices, host, done in moves:
+                if done is not None:
+                    done.synchronize()
+                values[indices] = host.numpy()
+            return values
+
+        return rows
 
     def model_device(self, model) -> str:
         param = next(model.parameters(), None)
@@ -377,8 +393,8 @@ def device_digest(tensor) -> PendingDigest:
     tensor); ValueError for a dtype no dump holds. The handle: fast_hash.SLOTS as float64 (the count of
     finite values as the element count here; PendingDigest.settle takes NaN and Inf off).
     A CUDA tensor takes the fused Triton kernel of harness.frameworks.triton_digest (one read of the tensor:
-    `fused_device_digest`) where triton is importable and the kernel reads the dtype; the first Triton
-    kernels with XFALIGN_FAST_DIGEST_KERNEL=fused-v1, the torch ops below with =torch (or without triton)."""
+    `fused_device_digest`) where triton is importable and the kernel reads the dtype; the torch ops below
+    with XFALIGN_FAST_DIGEST_KERNEL=torch (or without triton)."""
     import torch
 
     name = dtype_name_of(tensor)
@@ -388,11 +404,9 @@ def device_digest(tensor) -> PendingDigest:
     if tensor.is_cuda:
         from harness.frameworks import triton_digest
 
-        choice = triton_digest.kernel_choice()
-        if choice != "torch" and triton_digest.available(tensor) and triton_digest.supports(tensor):
-            digest = triton_digest.fused_device_digest_v1 if choice == "fused-v1" else triton_digest.fused_device_digest
+        if triton_digest.kernel_choice() != "torch" and triton_digest.available(tensor) and triton_digest.supports(tensor):
             return PendingDigest(name, tuple(int(n) for n in tensor.shape), detached.numel() * detached.element_size(),
-                                 digest(detached))
+                                 triton_digest.fused_device_digest(detached))
     values = detached.reshape(-1).to(torch.float64)
     s = block_sum(detached).reshape(1).view(torch.float64)
     if not values.numel():

@@ -1,0 +1,204 @@
+"""The Triton kernel of harness.frameworks.triton_digest (see its note for what it computes and how), in a
+module of its own: it imports triton, which CPU-only installs do not have, so triton_digest imports it on
+first use; and Triton's interpreter resolves a kernel's calls among the module's globals."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid, programs,
+          WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
+          IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+          PARTIAL: tl.constexpr, WITH_S: tl.constexpr, FAST: tl.constexpr):
+    # One pass over this program's tiles: S (WITH_S) and the statistics' accumulators, one row of LANES.
+    # FAST: the unmasked tiles' statistics without the NaN/Inf tests (right when the tiles hold neither,
+    # which the caller checks by the float64 sum; else it runs a careful pass, FAST=False, for them).
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, LANES)
+    offs = rows[:, None] * UNITS_PER_BLOCK + cols[None, :]  # int32 [ROWS, LANES]: a column of ROWS blocks
+    one = tl.arange(0, 1)
+    offs_one = one[:, None] * UNITS_PER_BLOCK + cols[None, :]  # int32 [1, LANES]: the masked tiles' row
+    acc_s = tl.zeros([LANES], dtype=tl.int64)
+    acc_sum = tl.zeros([LANES], dtype=tl.float64)
+    acc_sq = tl.zeros([LANES], dtype=tl.float64)
+    if VALUE64:
+        acc_min = tl.full([LANES], float("inf"), dtype=tl.float64)
+        acc_max = tl.full([LANES], float("-inf"), dtype=tl.float64)
+    else:
+        acc_min = tl.full([LANES], float("inf"), dtype=tl.float32)
+        acc_max = tl.full([LANES], float("-inf"), dtype=tl.float32)
+    acc_nan = tl.zeros([LANES], dtype=tl.int32)
+    acc_bad = tl.zeros([LANES], dtype=tl.int32)  # NaN or Inf
+    for phase in tl.static_range(2):  # 0: tiles of ROWS whole blocks, no masks; 1: the rest, masked, by rows
+        if phase == 0:
+            stop = full_tiles
+        else:
+            stop = tail_tiles
+        for t in range(pid, stop, programs):
+            if phase == 0:  # tile t: chunk t % chunks of the ROWS blocks of group t // chunks
+                group = t // chunks
+                chunk = t - group * chunks
+                block0 = group.to(tl.int64) * ROWS
+                base = block0 * UNITS_PER_BLOCK + (chunk * LANES).to(tl.int64)  # int64: the tile's first unit
+                x = tl.load(units + base + offs)
+                fac = tl.load(factors + block0 + rows)
+            else:  # tile t: one row, units [start + t * LANES, + LANES) after the groups (start: a block's)
+                base = groups.to(tl.int64) * (ROWS * UNITS_PER_BLOCK) + tl.cast(t * LANES, tl.int64)
+                block0 = base // UNITS_PER_BLOCK
+                chunk = ((base - block0 * UNITS_PER_BLOCK) // LANES).to(tl.int32)
+                index = base + offs_one.to(tl.int64)  # [1, LANES] int64
+                x = tl.load(units + index, mask=index < n_full.to(tl.int64), other=0)
+                fac = tl.load(factors + block0 + one)  # [1]: the tile starts before the end, in block block0
+                if PARTIAL:  # the last word holds 1 to 3 bytes of the tensor: read those bytes alone
+                    at = n_full.to(tl.int64) * 4
+                    k4 = tl.arange(0, 4)
+                    b4 = tl.load(raw + at + k4, mask=(at + k4.to(tl.int64)) < nbytes.to(tl.int64), other=0)
+                    word = tl.sum((b4.to(tl.int64) & 255) << (k4.to(tl.int64) * 8), axis=0).to(tl.int32)
+                    x = tl.where(index == n_full.to(tl.int64), word, x)
+            if WITH_S:  # the words of column c summed over the blocks b of the tile with V[b], then times W[c]
+                if WIDTH == 8:
+                    low = (x << 32) >> 32
+                    high = x >> 32
+                    w_low = tl.load(weights + 2 * (chunk * LANES + cols))
+                    w_high = tl.load(weights + 2 * (chunk * LANES + cols) + 1)
+                    acc_s += tl.sum(low * fac[:, None], axis=0) * w_low + tl.sum(high * fac[:, None], axis=0) * w_high
+                else:
+                    w_c = tl.load(weights + chunk * LANES + cols)
+                    acc_s += tl.sum(x.to(tl.int64) * fac[:, None], axis=0) * w_c
+            for k in tl.static_range(EPU):  # the statistics, element k of each unit
+                if KIND == 2:  # bf16: the 16 bits as the high half of a float32
+                    if k == 0:
+                        v = (x << 16).to(tl.float32, bitcast=True)
+                    else:
+                        v = (x & -65536).to(tl.float32, bitcast=True)
+                elif KIND == 1:
+                    if WIDTH == 2:
+                        if k == 0:
+                            v = x.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                        else:
+                            v = (x >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                    elif WIDTH == 4:
+                        v = x.to(tl.float32, bitcast=True)
+                    else:
+                        v = x.to(tl.float64, bitcast=True)
+                elif KIND == 3:  # bool: a byte, nonzero is True
+                    v = (((x >> (8 * k)) & 255) != 0).to(tl.float32)
+                elif KIND == 4:  # unsigned
+                    if WIDTH == 1:
+                        v = ((x >> (8 * k)) & 255).to(tl.float32)
+                    elif WIDTH == 2:
+                        v = ((x >> (16 * k)) & 65535).to(tl.float32)
+                    else:
+                        v = (x.to(tl.int64) & 4294967295).to(tl.float64)
+                else:  # signed: sign-extended by an arithmetic shift
+                    if WIDTH == 1:
+                        v = ((x << (24 - 8 * k)) >> 24).to(tl.float32)
+                    elif WIDTH == 2:
+                        v = ((x << (16 - 16 * k)) >> 16).to(tl.float32)
+                    else:
+                        v = x.to(tl.float64)
+                if FAST and phase == 0:  # no masks, no NaN/Inf tests
+                    acc_min = tl.minimum(acc_min, tl.min(v, axis=0))
+                    acc_max = tl.maximum(acc_max, tl.max(v, axis=0))
+                    v64 = v.to(tl.float64)
+                    acc_sum += tl.sum(v64, axis=0)
+                    acc_sq += tl.sum(v64 * v64, axis=0)
+                else:
+                    if phase == 1:
+                        valid = (index * EPU + k) < n.to(tl.int64)
+                    if IS_FLOAT:
+                        d = v - v  # 0 for finite values, NaN for Inf and NaN
+                        finite = d == 0
+                        acc_nan += tl.sum((v != v).to(tl.int32), axis=0)
+                        acc_bad += tl.sum((d != 0).to(tl.int32), axis=0)
+                        kept = tl.where(finite, v, 0.0)
+                        if phase == 1:
+                            finite = finite & valid
+                        low_in = tl.where(finite, v, float("inf"))
+                        high_in = tl.where(finite, v, float("-inf"))
+                    else:
+                        kept = v
+                        if phase == 1:
+                            low_in = tl.where(valid, v, float("inf"))
+                            high_in = tl.where(valid, v, float("-inf"))
+                        else:
+                            low_in = v
+                            high_in = v
+                    acc_min = tl.minimum(acc_min, tl.min(low_in, axis=0))
+                    acc_max = tl.maximum(acc_max, tl.max(high_in, axis=0))
+                    kept64 = kept.to(tl.float64)
+                    acc_sum += tl.sum(kept64, axis=0)
+                    acc_sq += tl.sum(kept64 * kept64, axis=0)
+    return acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad
+
+@triton.jit(do_not_specialize=["n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles", "chunks"])
+def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full_tiles, tail_tiles, chunks,
+            WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
+            IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+            PARTIAL: tl.constexpr, REDUCE: tl.constexpr):
+    # See the module's note. KIND: 0 signed integer, 1 IEEE float (fp16, fp32, fp64), 2 bfloat16, 3 bool,
+    # 4 unsigned integer. A unit is an int32 word (WIDTH <= 4: EPU = 4 // WIDTH elements) or an int64
+    # element (WIDTH 8, two words); src's bytes are read through pointers of those types.
+    if WIDTH == 8:
+        units = src.to(tl.pointer_type(tl.int64), bitcast=True)
+    else:
+        units = src.to(tl.pointer_type(tl.int32), bitcast=True)
+    raw = src.to(tl.pointer_type(tl.int8), bitcast=True)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
+        units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid, programs,
+        WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, True, IS_FLOAT)
+    if IS_FLOAT:
+        seen = tl.sum(acc_sum, axis=0)
+        if seen - seen != 0:  # a NaN or Inf (or a float64 sum past the largest float64): the careful pass
+            _, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
+                units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid,
+                programs, WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, False, False)
+    s = tl.sum(acc_s, axis=0)
+    total = tl.sum(acc_sum, axis=0)
+    squares = tl.sum(acc_sq, axis=0)
+    low_value = tl.min(acc_min, axis=0).to(tl.float64)
+    high_value = tl.max(acc_max, axis=0).to(tl.float64)
+    nan = tl.sum(acc_nan.to(tl.int64), axis=0)
+    inf = tl.sum(acc_bad.to(tl.int64), axis=0) - nan
+    # this program's row of partials; the last program to finish combines every row into the handle
+    part_f = out + 9  # [4, programs] float64: sum, squares, min, max
+    part_i = (out + 9 + 4 * programs).to(tl.pointer_type(tl.int64), bitcast=True)  # [3, programs]: s, nan, inf
+    tl.store(part_f + pid, total)
+    tl.store(part_f + programs + pid, squares)
+    tl.store(part_f + 2 * programs + pid, low_value)
+    tl.store(part_f + 3 * programs + pid, high_value)
+    tl.store(part_i + pid, s)
+    tl.store(part_i + programs + pid, nan)
+    tl.store(part_i + 2 * programs + pid, inf)
+    tl.debug_barrier()  # every thread's stores before the arrival is counted (the atomic releases them)
+    arrived = tl.atomic_add((out + 8).to(tl.pointer_type(tl.int32), bitcast=True), 1, sem="acq_rel")
+    if arrived == programs - 1:
+        r = tl.arange(0, REDUCE)
+        r_sum = tl.zeros([REDUCE], dtype=tl.float64)
+        r_sq = tl.zeros([REDUCE], dtype=tl.float64)
+        r_min = tl.full([REDUCE], float("inf"), dtype=tl.float64)
+        r_max = tl.full([REDUCE], float("-inf"), dtype=tl.float64)
+        r_s = tl.zeros([REDUCE], dtype=tl.int64)
+        r_nan = tl.zeros([REDUCE], dtype=tl.int64)
+        r_inf = tl.zeros([REDUCE], dtype=tl.int64)
+        for start in range(0, programs, REDUCE):  # volatile: the other programs' rows, not a cached copy
+            i = start + r
+            used = i < programs
+            r_sum += tl.load(part_f + i, mask=used, other=0.0, volatile=True)
+            r_sq += tl.load(part_f + programs + i, mask=used, other=0.0, volatile=True)
+            r_min = tl.minimum(r_min, tl.load(part_f + 2 * programs + i, mask=used, other=float("inf"), volatile=True))
+            r_max = tl.maximum(r_max, tl.load(part_f + 3 * programs + i, mask=used, other=float("-inf"), volatile=True))
+            r_s += tl.load(part_i + i, mask=used, other=0, volatile=True)
+            r_nan += tl.load(part_i + programs + i, mask=used, other=0, volatile=True)
+            r_inf += tl.load(part_i + 2 * programs + i, mask=used, other=0, volatile=True)
+        tl.store(out + 0, tl.sum(r_sum, axis=0))
+        tl.store(out + 1, tl.sum(r_sq, axis=0))
+        tl.store(out + 2, tl.min(r_min, axis=0))
+        tl.store(out + 3, tl.max(r_max, axis=0))
+        tl.store(out + 4, n.to(tl.float64))
+        tl.store(out + 5, tl.sum(r_nan, axis=0).to(tl.float64))
+        tl.store(out + 6, tl.sum(r_inf, axis=0).to(tl.float64))
+        tl.store(out + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))
