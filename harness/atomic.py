@@ -12,6 +12,10 @@ one, never half of one, and a process killed at any instant leaves one of the tw
   path (the old folder is at `.<name>.old-*`, and is put back if the second rename fails).
 
 Files get `0666 & ~umask`, folders `0777 & ~umask` (not mkstemp's 0600 / mkdtemp's 0700).
+
+Every file and rename is fsynced, except by a thread inside `unsynced()`: a writer that makes many small
+writes durable later, all at once (a capture's steps, harness.capture.api); renames keep them atomic for a
+killed process meanwhile, only a crash of the machine could lose them.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 Data = bytes | str | Callable[[Path], object]
@@ -66,7 +72,27 @@ def dir_mode() -> int:
     return 0o777 & ~umask()
 
 
+_THREAD = threading.local()
+
+
+@contextmanager
+def unsynced() -> Iterator[None]:
+    """Inside the block, this module's fsyncs made by the calling thread are skipped (see the module's note)."""
+    _THREAD.unsynced = True
+    try:
+        yield
+    finally:
+        _THREAD.unsynced = False
+
+
+def fsync(fd: int) -> None:
+    if not getattr(_THREAD, "unsynced", False):
+        os.fsync(fd)
+
+
 def fsync_file(path: str | Path) -> None:
+    if getattr(_THREAD, "unsynced", False):
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -76,6 +102,8 @@ def fsync_file(path: str | Path) -> None:
 
 def fsync_dir(path: str | Path) -> None:
     """Make renames in `path` durable; a file system that cannot fsync a folder is left as it is."""
+    if getattr(_THREAD, "unsynced", False):
+        return
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -105,7 +133,7 @@ def stage_file(directory: str | Path, name: str, data: Data) -> Path:
                 fd = -1
                 handle.write(data.encode("utf-8") if isinstance(data, str) else data)
                 handle.flush()
-                os.fsync(handle.fileno())
+                fsync(handle.fileno())
         os.chmod(staging, file_mode())  # mkstemp makes 0600
     except BaseException:
         if fd >= 0:

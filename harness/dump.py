@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from harness import __version__
-from harness.atomic import file_mode, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
+from harness.atomic import file_mode, fsync, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
 from harness.capture.format import CaptureInfo, TensorStats
 from harness.digest import Digest, StreamCheck, digests_of, verify
 from harness.errors import OutputError, XfalignError, field_text, safe_name, validation_problem
@@ -289,7 +289,7 @@ class Dump:
             with open(staging / META_FILE, "w") as handle:
                 handle.write(meta_text(meta))
                 handle.flush()
-                os.fsync(handle.fileno())
+                fsync(handle.fileno())
             for name in (TENSORS_FILE, META_FILE):
                 os.chmod(staging / name, file_mode())  # safetensors makes 0600
             fsync_file(staging / TENSORS_FILE)

@@ -230,6 +230,34 @@ def test_steps_are_written_by_a_writer_thread_whose_errors_reach_the_training(to
             written.clear()
 
 
+def test_steps_are_fsynced_when_the_block_ends_not_one_by_one(torch, tmp_path, monkeypatch):
+    import os
+    import threading
+
+    model = torch_model(torch, np.random.default_rng(6))
+    synced: list[tuple[str, str]] = []  # (thread, path)
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    with capture(model, tmp_path / "tree", mode="digest") as cap:
+        for _ in range(2):
+            model(torch.ones(2, 3)).sum().backward()
+            cap.step()
+            model.zero_grad()
+        cap.flush()
+        assert read_tree(tmp_path / "tree").steps == ["step-00000", "step-00001"]
+        assert not [path for thread, path in synced if "writer" in thread]  # written, not yet fsynced
+    after = {path for _, path in synced}
+    tree = tmp_path / "tree"
+    expected = {str(tree), str(tree / "capture.json")} | {str(path) for step in ("step-00000", "step-00001")
+                                                            for path in [tree / step, *(tree / step).iterdir()]}
+    assert expected <= after
+
+
 def test_tree_layout_reader_errors_and_targets(torch, tmp_path):
     model = torch_model(torch, np.random.default_rng(5))
     with capture(model, tmp_path / "tree", mode="digest"):

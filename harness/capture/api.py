@@ -38,7 +38,7 @@ import numpy as np
 import yaml
 
 from harness import __version__, fingerprint
-from harness.atomic import remove_tree, write_text_atomic
+from harness.atomic import fsync_dir, fsync_file, remove_tree, unsynced, write_text_atomic
 from harness.capture.fast_hash import HASHES, PendingDigest, fast_entry
 from harness.capture.format import (
     CAPTURE_FORMAT,
@@ -271,6 +271,10 @@ class Capture:
             self.flush()
         except BaseException as error:  # noqa: BLE001 - handed to __exit__, which raises it or notes it
             failed = error
+        try:
+            self._sync_written()
+        except OSError as error:
+            failed = failed or error
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
@@ -278,6 +282,16 @@ class Capture:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         return failed
+
+    def _sync_written(self) -> None:
+        """fsync the steps the writer left unsynced, and the manifest."""
+        for name in self.steps_written:
+            for path in (self.folder / name).iterdir():
+                fsync_file(path)
+            fsync_dir(self.folder / name)
+        if self.steps_written:
+            fsync_file(self.folder / MANIFEST_FILE)
+            fsync_dir(self.folder)
 
     def flush(self) -> None:
         """Wait until every step handed to `step()` is written; raise the error of a write that failed."""
@@ -420,7 +434,12 @@ class Capture:
 
     def _write(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
         """The writer thread's part of a step: its meta (while the device may still be digesting), the
-        digests' values, then the dump and the manifest."""
+        digests' values, then the dump and the manifest, atomic but not fsynced (`_close` makes them durable,
+        all at once: an fsync per file and step cost a small model's step several times over)."""
+        with unsynced():
+            self._write_unsynced(step, index, pending, rows)
+
+    def _write_unsynced(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
         meta = self._meta(step, index)
         if rows is not None:
             for started, row in zip(pending, rows(), strict=True):
