@@ -26,21 +26,26 @@ Statistics beside it are those of harness.capture.stats (over finite values, in 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from harness.capture.stats import tensor_stats
+from harness.capture.stats import scratch, tensor_stats
 from harness.dtypes import dtype_name, unsigned_view
 
 BLOCK = 65536  # words per block
 HASHES = ("md5", "fast")
 _MASK = (1 << 64) - 1
 _W_STEP, _V_STEP = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03
-_CHUNK_BLOCKS = 16  # blocks widened to 64 bits at a time (8 MiB of uint64): bounds the temporary memory
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+# blocks widened to 64 bits at a time, into one buffer (4 MiB of uint64, kept per thread: stats.scratch) reused for
+# every chunk: it bounds the temporary memory, and smaller chunks pay more in numpy calls than they win in cache
+_CHUNK_BLOCKS = 8
 
 # The values one device digest moves to the host, in this order (float64 each; S as its 64 bits)
 SLOTS = ("sum", "sumsq", "min", "max", "elements", "nan", "inf", "s")  # sums and extremes over finite values
@@ -50,11 +55,19 @@ def mix64(z: np.ndarray) -> np.ndarray:
     """The SplitMix64 finalizer on uint64 values (wrapping)."""
     z = z.astype(np.uint64, copy=True)
     z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z *= np.uint64(_MIX1)
     z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
+    z *= np.uint64(_MIX2)
     z ^= z >> np.uint64(31)
     return z
+
+
+def mix64_int(z: int) -> int:
+    """mix64 of one value in Python integers (bit for bit `mix64`; numpy on a 1-element array costs ~10x more)."""
+    z &= _MASK
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK
+    return z ^ (z >> 31)
 
 
 def _constants(count: int, step: int) -> np.ndarray:
@@ -91,6 +104,7 @@ def blocks_of(nbytes: int) -> int:
     return -(-words_of(nbytes) // BLOCK)
 
 
+@functools.lru_cache(maxsize=4096)  # a capture digests the same tensors, so the same keys, every step
 def meta_key(dtype: str, shape: tuple[int, ...], nbytes: int) -> int:
     text = f"{dtype}|{','.join(str(int(d)) for d in shape)}|{int(nbytes)}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
@@ -98,8 +112,7 @@ def meta_key(dtype: str, shape: tuple[int, ...], nbytes: int) -> int:
 
 def finish(s: int, dtype: str, shape: tuple[int, ...], nbytes: int) -> str:
     """fast64 from the block sum S and what K is made of."""
-    value = mix64(np.array([(s & _MASK) ^ meta_key(dtype, shape, nbytes)], dtype=np.uint64))[0]
-    return f"{int(value):016x}"
+    return f"{mix64_int((s & _MASK) ^ meta_key(dtype, tuple(shape), nbytes)):016x}"
 
 
 def block_sum(raw: np.ndarray) -> int:
@@ -108,21 +121,23 @@ def block_sum(raw: np.ndarray) -> int:
     full = nbytes // (4 * BLOCK)
     weights = block_weights()
     factors = block_factors(blocks_of(nbytes))
-    total = np.uint64(0)
-    with np.errstate(over="ignore"):
-        for start in range(0, full, _CHUNK_BLOCKS):
-            stop = min(full, start + _CHUNK_BLOCKS)
-            words = raw[start * 4 * BLOCK: stop * 4 * BLOCK].view("<i4").astype(np.int64).view(np.uint64)
-            words = words.reshape(stop - start, BLOCK)
-            inner = np.einsum("ij,j->i", words, weights)
-            total += np.einsum("i,i->", inner, factors[start:stop])
-        tail = raw[full * 4 * BLOCK:]
-        if tail.size:
-            padded = np.zeros(words_of(tail.size) * 4, np.uint8)
-            padded[:tail.size] = tail
-            words = padded.view("<i4").astype(np.int64).view(np.uint64)
-            total += np.einsum("i,i->", words, weights[:words.size]) * factors[full]
-    return int(total)
+    words = raw[:full * 4 * BLOCK].view("<i4").reshape(full, BLOCK)
+    wide = scratch("block_sum", min(full, _CHUNK_BLOCKS) * BLOCK, np.uint64).reshape(-1, BLOCK)
+    total = 0  # a Python int, masked once at the end
+    for start in range(0, full, _CHUNK_BLOCKS):
+        rows = wide[:min(full - start, _CHUNK_BLOCKS)]
+        # int32 -> uint64 casts modularly, i.e. sign-extends; then multiply and row sums, which wrap mod 2**64
+        # (a little faster than einsum "ij,j->i", whose uint64 multiply-add is the bottleneck either way)
+        np.copyto(rows, words[start:start + len(rows)], casting="unsafe")
+        rows *= weights
+        total += int(np.einsum("i,i->", rows.sum(axis=1), factors[start:start + len(rows)]))
+    tail = raw[full * 4 * BLOCK:]
+    if tail.size % 4:
+        tail = np.concatenate([tail, np.zeros(4 - tail.size % 4, np.uint8)])  # whole words: the zeros add nothing
+    if tail.size:
+        tail_words = tail.view("<i4").astype(np.uint64)  # modular: sign-extends
+        total += int(np.einsum("i,i->", tail_words, weights[:tail_words.size])) * int(factors[full])
+    return total & _MASK
 
 
 def raw_bytes(array: np.ndarray) -> np.ndarray:
@@ -140,14 +155,17 @@ def fast64(array: np.ndarray) -> str:
 def fast_entry(array: np.ndarray) -> dict:
     """An unstored tensor's entry of a dump with hash="fast" (computed on the host): dtype, shape,
     fast64 and stats (no MD5, no XXH3)."""
-    return {"dtype": dtype_name(array.dtype), "shape": [int(n) for n in array.shape], "fast64": fast64(array),
-            "stats": tensor_stats(array)}
+    raw = raw_bytes(array)  # a copy only where the array is not C-contiguous: then made once, for both
+    shape = tuple(int(n) for n in array.shape)
+    dtype = dtype_name(array.dtype)
+    return {"dtype": dtype, "shape": list(shape), "fast64": finish(block_sum(raw), dtype, shape, raw.size),
+            "stats": tensor_stats(raw.view(array.dtype))}
 
 
 @dataclass
 class PendingDigest:
     """A digest an adapter started where the tensor lives (harness.frameworks `device_digest`): `values`
-    is the framework's handle to the SLOTS scalars on the device, read by the adapter's `collect_digests`
+    is the framework's handle to the SLOTS scalars on the device, read by the adapter's `fetch_digests`
     at the step's end, then `settle` makes the dump entry."""
 
     dtype: str
@@ -158,18 +176,22 @@ class PendingDigest:
 
     def settle(self, row: np.ndarray) -> None:
         """Make the entry from the SLOTS row moved to the host (float64; S as its bits)."""
-        total, squares, low, high, elements, nan, inf = (float(v) for v in row[:7])
-        s = int(np.array(row[7:8], dtype=np.float64).view(np.uint64)[0])
-        count = int(elements) - int(nan) - int(inf)  # the finite values
-        stats = {"min": None, "max": None, "mean": None, "norm": None, "nan": int(nan), "inf": int(inf)} if count == 0 \
-            else {"min": low, "max": high, "mean": total / count, "norm": float(np.sqrt(squares)),
-                  "nan": int(nan), "inf": int(inf)}
+        # Python floats and ints, no numpy scalars: this runs per tensor per step, on the capture's critical path
+        row = np.asarray(row, dtype=np.float64)
+        total, squares, low, high, elements, nan, inf = row[:7].tolist()
+        s = int(row.view(np.uint64)[7])  # the bits, NaN patterns too
+        nan, inf = int(nan), int(inf)
+        count = int(elements) - nan - inf  # the finite values
+        stats = {"min": None, "max": None, "mean": None, "norm": None, "nan": nan, "inf": inf} if count == 0 \
+            else {"min": low, "max": high, "mean": total / count,
+                  "norm": math.sqrt(squares) if squares >= 0 else math.nan,  # as np.sqrt, which gives NaN below 0
+                  "nan": nan, "inf": inf}
         self.entry = {"dtype": self.dtype, "shape": list(self.shape),
                       "fast64": finish(s, self.dtype, self.shape, self.nbytes), "stats": stats}
 
     def result(self) -> dict:
         """The entry (as a Future's result: the capture treats both alike)."""
-        assert self.entry is not None, "collect_digests has not run"
+        assert self.entry is not None, "fetch_digests has not run"
         return self.entry
 
 
