@@ -1,6 +1,7 @@
 """The fast digest of a CUDA tensor (harness.capture.fast_hash: S, the fast64 block sum, and the SLOTS
-statistics) by one Triton kernel, `digest` (harness.frameworks.triton_kernels), that reads the tensor once, instead of the ~15 torch ops of
-harness.frameworks.torch `block_sum` / `device_digest`, which make full-size float64 and int64 temporaries.
+statistics) by one Triton kernel, `digest` (harness.frameworks.triton_kernels), that reads the tensor once,
+instead of the ~15 torch ops of harness.frameworks.torch `block_sum` / `device_digest`, which make full-size
+float64 and int64 temporaries.
 
 `fused_device_digest(tensor)` returns the same handle as the torch ops: a float64 tensor of fast_hash.SLOTS on
 the tensor's device (sum, sum of squares, min, max of the finite values, the element count, the NaN and Inf
@@ -18,7 +19,9 @@ tile, the ROWS words of a column times their V[b] are added within the thread, t
 table reads per tile, not one per word). The elements come from the word's bits: bf16 as (word << 16) and
 (word & 0xFFFF0000) read as float32, fp16 from the 16-bit halves, bytes and shorts by shifts (arithmetic for
 signed ones); min and max in float32 where that is exact (every dtype of <= 2 bytes, fp32), sums in float64.
-The accumulators are one row of LANES per program, reduced once at the end. Tiles of ROWS whole blocks
+The accumulators are one row of LANES per program, reduced once at the end. A float tensor's statistics are
+first taken without the NaN/Inf tests and masks (min, max, the sums: a third of the work per element); where
+a program's float64 sum comes out NaN or Inf, it takes its tiles again carefully, statistics only. Tiles of ROWS whole blocks
 (phase 0) load without masks (vectorised); the rest, at most ROWS blocks (phase 1), loads masked, and a last
 word with 1 to 3 bytes of the tensor is read byte by byte. A tensor whose memory does not start on a 4-byte
 boundary is copied first. Programs: at most PROGRAMS_PER_SM per multiprocessor (as many as can be resident),
@@ -55,12 +58,12 @@ from harness.capture import fast_hash
 # A tile is ROWS blocks x LANES units (LANES = 16 bytes per thread x 32 x WARPS units: 512 int32 words for 4
 # warps), one column of ROWS blocks, so that each thread loads ROWS x 16 bytes per tile (vectorised: no masks
 # outside the last ROWS blocks) and keeps accumulators of one row only.
-# Programs: as many per multiprocessor as can be resident at once (from the compiled kernel's registers:
-# ptxas of triton 3.7 for sm_90a gives the bf16 kernel 168 registers with ROWS 8, 111 with 4, 96 with 2, so
-# 3, 4 and 5 programs of 4 warps), at most PROGRAMS_PER_SM, FIRST_PROGRAMS_PER_SM before a variant has run
-# once (MAX_PROGRAMS instead, when set); tiles in a grid-stride loop: programs that cannot be resident
-# would run after the others, doubling the time. Up to SINGLE_PROGRAM_TILES tiles: one program.
-# Tuned on the H200 (torch 2.11, triton 3.6) on a bf16 [4096, 11008] and an fp32 [4096, 4096] tensor.
+# Programs: as many per multiprocessor as can be resident at once (from the compiled kernel's registers; the
+# bf16 kernel, careful pass included, has 2 programs of 4 warps resident on the H200 with triton 3.6), at most
+# PROGRAMS_PER_SM, FIRST_PROGRAMS_PER_SM before a variant has run once (MAX_PROGRAMS instead, when set); tiles
+# in a grid-stride loop: programs that cannot be resident would run after the others, doubling the time. Up
+# to SINGLE_PROGRAM_TILES tiles: one program. Tuned on the H200 (torch 2.11, triton 3.6) on a bf16
+# [4096, 11008] and an fp32 [4096, 4096] tensor, before the fast pass existed.
 ROWS = 8
 WARPS = 4
 PROGRAMS_PER_SM = 8

@@ -8,9 +8,9 @@ import triton.language as tl
 
 @triton.jit
 def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid, programs,
-          WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
-          IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
-          PARTIAL: tl.constexpr, WITH_S: tl.constexpr, FAST: tl.constexpr):
+              WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
+              IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+              PARTIAL: tl.constexpr, WITH_S: tl.constexpr, FAST: tl.constexpr):
     # One pass over this program's tiles: S (WITH_S) and the statistics' accumulators, one row of LANES.
     # FAST: the unmasked tiles' statistics without the NaN/Inf tests (right when the tiles hold neither,
     # which the caller checks by the float64 sum; else it runs a careful pass, FAST=False, for them).
@@ -134,10 +134,10 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
 
 @triton.jit(do_not_specialize=["n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles", "chunks"])
 def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full_tiles, tail_tiles, chunks,
-            WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
-            IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
-            PARTIAL: tl.constexpr, REDUCE: tl.constexpr):
-    # See the module's note. KIND: 0 signed integer, 1 IEEE float (fp16, fp32, fp64), 2 bfloat16, 3 bool,
+           WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
+           IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+           PARTIAL: tl.constexpr, REDUCE: tl.constexpr):
+    # See harness.frameworks.triton_digest's note. KIND: 0 signed integer, 1 IEEE float (fp16, fp32, fp64), 2 bfloat16, 3 bool,
     # 4 unsigned integer. A unit is an int32 word (WIDTH <= 4: EPU = 4 // WIDTH elements) or an int64
     # element (WIDTH 8, two words); src's bytes are read through pointers of those types.
     if WIDTH == 8:
