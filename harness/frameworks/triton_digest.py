@@ -199,7 +199,7 @@ def _launch(flat, layout: tuple[int, bool, bool]) -> Launch:
     per multiprocessor of its compiled variant are known)."""
     from harness.frameworks.torch import _table
 
-    settings = (ROWS, WARPS, PROGRAMS_PER_SM, FIRST_PROGRAMS_PER_SM, MAX_PROGRAMS, SINGLE_PROGRAM_TILES)
+    settings = (ROWS, WARPS, PROGRAMS_PER_SM, FIRST_PROGRAMS_PER_SM, MAX_PROGRAMS, SINGLE_PROGRAM_TILES, REDUCE_ROWS)
     key = (flat.device, flat.dtype, flat.numel(), settings)
     launch = _PLANS.get(key)
     if launch is not None:
