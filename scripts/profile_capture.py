@@ -2,6 +2,7 @@
 the ratio to the plain step, this the split of the difference.
 
     python3 scripts/profile_capture.py [--model layer|moe-layer|mlp] [--hidden 4096] [--ffn 11008] [--tokens 4096]
+                                       [--dtype bf16|fp32]
                                        [--rounds 5] [--steps 4] [--trace trace.json]
 
 Prints, medians over --rounds rounds of each variant (taking turns; a captured round is --steps steps in one
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--ffn", type=int, default=11008)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4, help="steps per round of a captured variant")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run of this script")
@@ -90,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.compiler.set_stance("force_eager")
     torch.manual_seed(0)
-    dtype = torch.bfloat16
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
     # the writer thread's work per step, and the transfer's start on the main thread
     for owner, name, part in ((api.Capture, "_write", "write"), (TorchAdapter, "fetch_digests", "fetch")):
@@ -135,7 +137,7 @@ def main() -> None:
 
         written = Dump.read(folder / "digest" / "step-00000")
         plain_ms = statistics.median(PARTS["plain:total"]) * 1e3
-        print(f"{args.model}: hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, bf16, "
+        print(f"{args.model}: hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, "
               f"{args.device}; medians of {args.rounds} rounds")
         print(f"  plain step {plain_ms:8.2f} ms")
         for label in ("digest", "constant", "unwritten"):
