@@ -85,13 +85,17 @@ def unsynced() -> Iterator[None]:
         _THREAD.unsynced = False
 
 
+def _unsynced() -> bool:
+    return getattr(_THREAD, "unsynced", False)
+
+
 def fsync(fd: int) -> None:
-    if not getattr(_THREAD, "unsynced", False):
+    if not _unsynced():
         os.fsync(fd)
 
 
 def fsync_file(path: str | Path) -> None:
-    if getattr(_THREAD, "unsynced", False):
+    if _unsynced():
         return
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -102,7 +106,7 @@ def fsync_file(path: str | Path) -> None:
 
 def fsync_dir(path: str | Path) -> None:
     """Make renames in `path` durable; a file system that cannot fsync a folder is left as it is."""
-    if getattr(_THREAD, "unsynced", False):
+    if _unsynced():
         return
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

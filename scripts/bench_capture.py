@@ -68,6 +68,19 @@ def build_layer(hidden: int, ffn: int, heads: int, moe: bool, dtype: torch.dtype
     return build_module(spec, config=config, layer_number=1)
 
 
+def model_and_batch(args: argparse.Namespace, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The model --model asks for on --device (inside one_process_group), its input and upstream gradient."""
+    if args.device == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.random.model_parallel_cuda_manual_seed(0)
+    model = (build(args.hidden, args.ffn, dtype) if args.model == "mlp" else
+             build_layer(args.hidden, args.ffn, args.heads, args.model == "moe-layer", dtype)).to(args.device)
+    x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
+    grad = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype)
+    return model, x, grad
+
+
 def forward_backward(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
     for param in model.parameters():
         param.grad = None
@@ -135,14 +148,7 @@ def main() -> None:
         modes.append(("full", "md5"))
     times: dict[tuple[str, str] | None, list[float]] = {mode: [] for mode in modes}
     with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
-        if args.device == "cuda":
-            from megatron.core import tensor_parallel
-
-            tensor_parallel.random.model_parallel_cuda_manual_seed(0)
-        model = (build(args.hidden, args.ffn, dtype) if args.model == "mlp" else
-                 build_layer(args.hidden, args.ffn, args.heads, args.model == "moe-layer", dtype)).to(args.device)
-        x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
-        grad = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype)
+        model, x, grad = model_and_batch(args, dtype)
         for mode in modes:  # warm-up: first calls, allocator, the capture's imports
             timed(model, x, grad, mode, Path(tmp), args.steps)
         for round_ in range(args.rounds):

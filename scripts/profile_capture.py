@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_capture import build, build_layer, forward_backward, train_step  # noqa: E402
+from bench_capture import forward_backward, model_and_batch, train_step  # noqa: E402
 
 from harness.capture import api, capture  # noqa: E402
 from harness.capture.fast_hash import PendingDigest  # noqa: E402
@@ -108,14 +108,7 @@ def main() -> None:
         setattr(owner, name, wrapper)
 
     with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
-        if args.device == "cuda":
-            from megatron.core import tensor_parallel
-
-            tensor_parallel.random.model_parallel_cuda_manual_seed(0)
-        model = (build(args.hidden, args.ffn, dtype) if args.model == "mlp" else
-                 build_layer(args.hidden, args.ffn, args.heads, args.model == "moe-layer", dtype)).to(args.device)
-        x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
-        grad = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype)
+        model, x, grad = model_and_batch(args, dtype)
         folder = Path(tmp)
 
         def plain() -> None:

@@ -400,13 +400,13 @@ def device_digest(tensor) -> PendingDigest:
     name = dtype_name_of(tensor)
     if name is None:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
-    detached = tensor.detach()
     if tensor.is_cuda:
         from harness.frameworks import triton_digest
 
         if triton_digest.kernel_choice() != "torch" and triton_digest.available(tensor) and triton_digest.supports(tensor):
-            return PendingDigest(name, tuple(int(n) for n in tensor.shape), detached.numel() * detached.element_size(),
-                                 triton_digest.fused_device_digest(detached))
+            return PendingDigest(name, tuple(int(n) for n in tensor.shape), tensor.numel() * tensor.element_size(),
+                                 triton_digest.fused_device_digest(tensor))  # it detaches the tensor itself
+    detached = tensor.detach()
     values = detached.reshape(-1).to(torch.float64)
     s = block_sum(detached).reshape(1).view(torch.float64)
     if not values.numel():
