@@ -65,7 +65,7 @@ from harness.runner import DEFAULT_SIDE_TIMEOUT_S, WorkerPool, class_of, current
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
 DEFAULT_HTML = Path("reports")
-NUMERICS_HELP = ("numerics profile for every case (configs/numerics/NAME.yaml or a path); default: the case's, "
+NUMERICS_HELP = ("numerics profile for every case (NAME: a built-in profile or a path); default: the case's, "
                  "else portable-avx2")
 TIMEOUT_HELP = (f"seconds each side may run, from its worker's start (default: the case's `timeout`, "
                 f"else {DEFAULT_SIDE_TIMEOUT_S}); a side past it is killed (exit 3)")

@@ -1,6 +1,7 @@
 """Numerics profiles: what a run pins so that a CPU's instruction set does not decide its bits.
 
-A profile is a YAML file in configs/numerics/ (or a path relative to the case). It sets environment
+A profile is a YAML file in harness/profiles/ (package data: an installed xfalign has them too), or a path
+relative to the case. It sets environment
 variables before a framework is imported and framework switches after; the framework adapter applies
 it in the worker and the dump's fingerprint records it. Cases name one with `numerics:`, a run with `--numerics`.
 """
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 from harness.case import Strict
 from harness.errors import XfalignError, field_text, validation_problem
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "numerics"
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "portable-avx2"
 
 
@@ -44,7 +45,7 @@ class NumericsProfile(Strict):
 
 
 def profile_path(name: str, relative_to: str | Path | None = None) -> Path:
-    """A profile name is a file in configs/numerics/; a value with a slash or .yaml is a path."""
+    """A profile name is a built-in profile (harness/profiles/NAME.yaml); a value with a slash or .yaml is a path."""
     if "/" in name or name.endswith((".yaml", ".yml")):
         base = Path(relative_to).parent if relative_to else Path.cwd()
         return (base / name).resolve()

@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Installs everything xfalign and its tests need on a Debian CPU machine with Python 3.11:
-# Chromium + ChromeDriver (browser test of the HTML report) when missing, then the pinned frameworks
-# and the package itself (editable, with test extras).
+# Sets up xfalign on a Debian CPU machine with Python 3.11, in the virtual environment $XFALIGN_VENV (default
+# .venv, made when missing): Chromium + ChromeDriver (browser test of the HTML report) when missing, then exactly
+# the versions of configs/lock-cpu.txt (a venv that holds other versions is brought to the lock), then the
+# package itself (editable) without resolving anything again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+venv=${XFALIGN_VENV:-.venv}
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 fi
-python3 -m pip install -q -r configs/requirements-cpu.txt -e ".[test]"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+python="$venv/bin/python"
+"$python" -m pip install -q --disable-pip-version-check -r configs/lock-cpu.txt
+"$python" -m pip install -q --disable-pip-version-check --no-deps -e .
+"$python" -m pip check -q >/dev/null
 # PaddleFormers' released LLaMA layers (examples/mlp_alignment/paddleformers_mlp.py): its requirements would
 # replace numpy and ml_dtypes, so the wheel and the few packages its LLaMA modules import go, without their
 # dependencies, into build/paddleformers (found there by the example, after everything installed)
-[ -d build/paddleformers/paddleformers-1.2.0.dist-info ] || python3 -m pip install -q --no-deps \
+[ -d build/paddleformers/paddleformers-1.2.0.dist-info ] || "$python" -m pip install -q --no-deps \
     --target build/paddleformers paddleformers==1.2.0 transformers==5.3.0 huggingface-hub==1.33.0 \
     tokenizers==0.22.2 colorlog==6.12.0 tqdm==4.70.1 psutil==7.2.2 omegaconf==2.4.0 aistudio-sdk==0.3.9
 # Triton, for the CPU-interpreter test of the fused GPU digest kernel (tests/test_triton_digest.py), apart from
 # torch's site-packages: torch.compile must not see it
-[ -d build/tritonsite/triton-3.7.0.dist-info ] || python3 -m pip install -q --no-deps --target build/tritonsite triton==3.7.0
+[ -d build/tritonsite/triton-3.7.0.dist-info ] || "$python" -m pip install -q --no-deps --target build/tritonsite triton==3.7.0
