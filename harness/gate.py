@@ -10,10 +10,10 @@ become `_`).
 
 A golden is written as a unit: the values file under its new name, then the YAML replaced in one step,
 then the case's other values files removed; readers follow the YAML's reference, so the YAML and the
-values it names always agree. Writers of one folder take turns (an flock on the folder). Goldens of the
-earlier layout (file names made of the raw case name, a fixed `<case>.golden.safetensors`, no `values:`)
-are still read; the next update rewrites them in this layout. The YAML names its format
-(`format: xfalign-golden/1`); a golden without it was written before the format was versioned, and is /1.
+values it names always agree. Writers of one folder take turns (an flock on the folder). The YAML names
+its format (`format: xfalign-golden/1`) and the version of the input generator that made the inputs
+(`generator:`, harness.inputs.GENERATOR; unrecorded: 1): a golden of another generator is reported as
+such, not as drift of every tensor.
 
 The gate's results are Findings (harness.compare.findings): the failing expectations, drift against the
 golden, changed inputs, nondeterminism, a missing golden; changed fingerprint fields ride along, passing.
@@ -44,6 +44,7 @@ from harness.digest import Digest, verify
 from harness.dump import Dump, DumpError, IntegrityError
 from harness.errors import OutputError, XfalignError, safe_name
 from harness.fingerprint import changed_fields
+from harness.inputs import GENERATOR
 from harness.reports.text import (
     GOLDEN_HEADER,
     TREE_GOLDEN_HEADER,
@@ -81,16 +82,7 @@ class GoldenMismatch(XfalignError):
     """A golden file that holds another case's golden (two case names that make one file name)."""
 
 
-_UNSET = object()
 _VALUES_FILE = re.compile(r"^(?P<stem>.+)\.golden\.[0-9a-f]{12}\.safetensors$")
-
-
-def _legacy_stem(case_name: str) -> str | None:
-    """The raw case name, as goldens were named before, where it differs from the safe name and is one
-    file name."""
-    if case_name == safe_name(case_name) or "/" in case_name or "\0" in case_name or case_name in (".", ".."):
-        return None
-    return case_name
 
 
 def _one_line(error: BaseException) -> str:
@@ -116,18 +108,14 @@ def _locked(directory: Path):
         os.close(fd)  # releases the lock
 
 
-def _remove_stale(directory: Path, stem: str, legacy: str | None, keep: str | None) -> None:
-    """The case's values files other than `keep`, its earlier-layout files, and staging files left by a
-    killed writer (every writer stages while it holds the lock, so none is in use). Best effort."""
-    names = [f"{stem}.golden.safetensors"]
-    if legacy:
-        names += [f"{legacy}.golden.yaml", f"{legacy}.golden.safetensors"]
+def _remove_stale(directory: Path, stem: str, keep: str | None) -> None:
+    """The case's values files other than `keep` and staging files left by a killed writer (every writer
+    stages while it holds the lock, so none is in use). Best effort."""
     staging = re.compile(rf"^\.{re.escape(stem)}\.golden\.(yaml|safetensors)\.[^./]+\.tmp$")
     try:
         for path in directory.iterdir():
             match = _VALUES_FILE.match(path.name)
-            if ((match and match["stem"] == stem and path.name != keep) or path.name in names
-                    or staging.match(path.name)):
+            if (match and match["stem"] == stem and path.name != keep) or staging.match(path.name):
                 path.unlink(missing_ok=True)
     except OSError:
         pass
@@ -148,16 +136,19 @@ class Golden:
     tensors: dict[str, dict[str, Digest]]  # side -> tensor -> digest
     arrays: dict[str, np.ndarray] | None = None  # "side/tensor" -> values, when stored
     header: str = GOLDEN_HEADER  # the comment line on top: how to update it
+    generator: int | None = GENERATOR  # the input generator that made the inputs (None: no generated inputs)
 
     @classmethod
     def from_run(cls, run: CaseRun) -> Golden:
         env = {side: dict(dump.meta["environment"]) for side, dump in run.dumps.items()}
         # every side's consumed inputs: one side that could not run must not switch the input check off
         inputs = {name: digest for dump in run.dumps.values() for name, digest in dump.input_digests.items()}
+        generators = {dump.generator for dump in run.dumps.values()} - {None}
         return cls(
             run.case_name, inputs, env,
             {side: dump.digests for side, dump in run.dumps.items()},
             {f"{side}/{name}": array for side, dump in run.dumps.items() for name, array in dump.tensors.items()},
+            generator=max(generators, default=GENERATOR),
         )
 
     def to_yaml(self, values: str | None = None) -> str:
@@ -165,6 +156,7 @@ class Golden:
         data = {
             "format": FORMAT,
             "case": self.case,
+            **({"generator": self.generator} if self.generator is not None else {}),
             "values": values,
             "inputs": {name: _digest_text(d) for name, d in self.inputs.items()},
             "sides": {side: {"environment": self.environment[side],
@@ -175,25 +167,18 @@ class Golden:
 
     @staticmethod
     def _text_path(directory: Path, case_name: str) -> Path:
-        """`<safe name>.golden.yaml`; else the earlier layout's `<case name>.golden.yaml` where only it exists."""
-        path = directory / f"{safe_name(case_name)}.golden.yaml"
-        legacy = _legacy_stem(case_name)
-        if legacy and not path.exists() and (directory / f"{legacy}.golden.yaml").exists():
-            return directory / f"{legacy}.golden.yaml"
-        return path
+        return directory / f"{safe_name(case_name)}.golden.yaml"
 
     @classmethod
-    def paths(cls, directory: Path, case_name: str) -> tuple[Path, Path]:
-        """The golden's YAML file and the values file it names now (the earlier layout's
-        `<case>.golden.safetensors` where it names none); for a case with no golden, the YAML file a new
-        one gets."""
+    def paths(cls, directory: Path, case_name: str) -> tuple[Path, Path | None]:
+        """The golden's YAML file and the values file it names now (None: none); for a case with no golden,
+        the YAML file a new one gets."""
         text_path = cls._text_path(Path(directory), case_name)
-        fixed = text_path.with_name(text_path.name[: -len(".yaml")] + ".safetensors")
         try:
             reference = yaml.safe_load(text_path.read_text()).get("values")
         except (OSError, ValueError, yaml.YAMLError, AttributeError):
-            return text_path, fixed
-        return text_path, text_path.parent / reference if isinstance(reference, str) else fixed
+            return text_path, None
+        return text_path, text_path.parent / reference if isinstance(reference, str) else None
 
     def write(self, directory: Path, with_arrays: bool = True) -> Path:
         """Write the golden as a unit (see the module's note); returns the YAML file. An OSError (no
@@ -210,7 +195,7 @@ class Golden:
                     pause("golden-values-written")
                 write_atomic(text_path, self.to_yaml(values))
                 pause("golden-yaml-replaced")
-                _remove_stale(directory, stem, _legacy_stem(self.case), keep=values)
+                _remove_stale(directory, stem, keep=values)
         except (OSError, SafetensorError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else _one_line(error)
             raise OutputError(f"cannot write the golden {text_path}: {reason}") from None
@@ -240,9 +225,11 @@ class Golden:
                 {side: entry["environment"] for side, entry in data["sides"].items()},
                 {side: {name: _parse_digest(t) for name, t in entry["tensors"].items()} for side, entry in data["sides"].items()},
                 None,
+                # generated inputs recorded before the generator's version was: version 1
+                generator=data.get("generator", 1 if data["inputs"] else None),
             )
-            reference = data.get("values", _UNSET)
-            version = data.get("format", FORMAT)  # goldens written before the format was versioned are /1
+            reference = data["values"]
+            version = data["format"]
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as error:
             raise GoldenError(f"{text_path}: not a readable golden ({type(error).__name__}: {_one_line(error)})") from None
         if version != FORMAT:
@@ -250,9 +237,8 @@ class Golden:
         if golden.case != case_name:
             raise GoldenMismatch(f"{text_path}: holds the golden of case {golden.case!r}, not {case_name!r} "
                                  "(two case names that make one file name: rename one)")
-        if reference is _UNSET:  # the earlier layout: a fixed name, optional
-            fixed = text_path.with_name(text_path.name[: -len(".yaml")] + ".safetensors")
-            return golden, fixed if fixed.exists() else None
+        if golden.generator is not None and not isinstance(golden.generator, int):
+            raise GoldenError(f"{text_path}: generator: {golden.generator!r} is not a version number")
         if reference is None:
             return golden, None
         if not isinstance(reference, str) or Path(reference).name != reference or not reference.endswith(".safetensors"):
@@ -270,8 +256,6 @@ class Golden:
             try:
                 text = text_path.read_text()
             except FileNotFoundError:
-                if cls._text_path(directory, case_name) != text_path:
-                    continue  # moved from the earlier layout's name meanwhile
                 return None
             except (OSError, UnicodeDecodeError) as error:
                 reason = error.strerror if isinstance(error, OSError) and error.strerror else _one_line(error)
@@ -327,7 +311,7 @@ class GateResult:
     @property
     def drifted(self) -> bool:
         """Whether the run's tensors or inputs differ from the golden."""
-        return any(f.expected == GOLDEN or f.kind == "input" for f in self.failures)
+        return any(f.expected == GOLDEN or f.kind in ("input", "generator") for f in self.failures)
 
     @property
     def golden_problems(self) -> bool:
@@ -375,6 +359,9 @@ def check(run: CaseRun, golden: Golden | None) -> GateResult:
         result.findings.append(Finding("no-golden", "", False))
         return result
     current = Golden.from_run(run)
+    if golden.generator != current.generator:  # every input differs by design: one finding, not one per tensor
+        result.findings.append(Finding("generator", "", False, {"golden": golden.generator, "now": current.generator}))
+        return result
     for name in golden.inputs.keys() | current.inputs.keys():
         if golden.inputs.get(name) != current.inputs.get(name):
             result.findings.append(Finding("input", name, False, {
@@ -424,7 +411,8 @@ class TreeGateResult(GateResult):
 
 def _step_golden(name: str, dump: Dump) -> Golden:
     side = dump.side
-    return Golden(name, {}, {side: dict(dump.meta["environment"])}, {side: dump.digests}, None, TREE_GOLDEN_HEADER)
+    return Golden(name, {}, {side: dict(dump.meta["environment"])}, {side: dump.digests}, None, TREE_GOLDEN_HEADER,
+                  generator=None)
 
 
 def check_step(name: str, dump: Dump, golden: Golden) -> TreeGateResult:

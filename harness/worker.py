@@ -38,7 +38,7 @@ from harness.digest import Digest
 from harness.dump import Dump
 from harness.execute import SideOutput, execute
 from harness.frameworks import FrameworkAdapter, adapter_for
-from harness.inputs import read_inputs
+from harness.inputs import GENERATOR, read_inputs
 from harness.numerics import NumericsProfile, environment_class
 from harness.ops import NotAvailable, family_for
 
@@ -88,6 +88,7 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
         "xfalign": __version__,
         "case": case.to_json(),
         "case_name": case.name,
+        "generator": GENERATOR,
         "side": job["side"],
         "framework": side.framework,
         "impl": side.impl or adapter.default_impl,

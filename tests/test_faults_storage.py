@@ -282,25 +282,7 @@ def test_golden_file_names_and_reference(tmp_path):
     assert Golden.read(tmp_path, CASE_ID).arrays is None
 
 
-def test_golden_of_the_earlier_layout_is_read_and_rewritten(tmp_path):
-    """Raw case id as the file name, a fixed `<case>.golden.safetensors`, no `values:`: read as it is;
-    the next update writes the new names and removes the old files."""
-    golden = make_golden(1)
-    golden.write(tmp_path)
-    text_path, values = Golden.paths(tmp_path, CASE_ID)
-    (tmp_path / f"{CASE_ID}.golden.yaml").write_text(text_path.read_text().replace(f"values: {values.name}\n", ""))
-    values.rename(tmp_path / f"{CASE_ID}.golden.safetensors")
-    text_path.unlink()
-    assert Golden.paths(tmp_path, CASE_ID) == (tmp_path / f"{CASE_ID}.golden.yaml",
-                                               tmp_path / f"{CASE_ID}.golden.safetensors")
-    assert golden_seed(tmp_path) == 1
-    make_golden(2).write(tmp_path)
-    assert golden_seed(tmp_path) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in Golden.paths(tmp_path, CASE_ID))
-    assert not any("[" in p.name for p in tmp_path.iterdir())
-
-
-def test_committed_baselines_with_raw_names_still_read():
+def test_committed_golden_of_a_sweep_point_reads_by_its_case_name():
     baseline = ROOT / "baselines" / "cpu-avx2"
     golden = Golden.read(baseline, "moe_combine[topk=1,dtype=bf16]")
     assert golden is not None and golden.case == "moe_combine[topk=1,dtype=bf16]" and golden.tensors

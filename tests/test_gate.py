@@ -11,6 +11,7 @@ from harness.compare.findings import GOLDEN, judged
 from harness.compare.pairs import originate
 from harness.digest import Digest
 from harness.gate import FORMAT, Golden, check
+from harness.inputs import GENERATOR
 from harness.reports.text import finding_text
 from harness.runner import run_case
 
@@ -109,6 +110,23 @@ def test_input_digest_change_fails(recorded):
     assert finding.kind == "input" and finding_text(finding).startswith("input x: bfloat16 [64, 512] 00000000 → bfloat16")
 
 
+def test_golden_of_another_input_generator_is_one_finding_not_drift(recorded, tmp_path):
+    """A golden whose inputs another generator made: one finding that says so; no tensor is called drifted."""
+    run, baseline = recorded
+    text_path, values = Golden.paths(baseline, "small")
+    text = text_path.read_text()
+    assert f"\ngenerator: {GENERATOR}\n" in text
+    older = text.replace(f"\ngenerator: {GENERATOR}\n", "\n").replace(f"values: {values.name}", "values: null")
+    (tmp_path / text_path.name).write_text(older)  # generator unrecorded: 1
+    golden = Golden.read(tmp_path, "small")
+    golden.inputs["x"] = Digest("bfloat16", (64, 512), "0" * 32)  # and so every input and tensor differs
+    golden.tensors["paddle"]["out"] = Digest("bfloat16", (64, 256), "0" * 32)
+    result = check(run, golden)
+    (finding,) = result.failures
+    assert result.drifted and finding.kind == "generator"
+    assert finding_text(finding).startswith(f"inputs made by generator 1, this run uses {GENERATOR}: update the goldens")
+
+
 def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsys):
     path = write_case(REPORT_ONLY, "small.yaml")
     root = tmp_path / "baseline"
@@ -157,22 +175,27 @@ def test_nondeterminism_is_reported_per_side_not_blamed_on_the_other(write_case,
     assert "out is nondeterministic on side paddle: 2 different digests over the repeats" in capsys.readouterr().out
 
 
-def test_golden_names_its_format_and_older_goldens_still_read(tmp_path):
+def test_golden_names_its_format_and_a_golden_without_one_is_refused(tmp_path):
     from harness.gate import GoldenError
 
     from conftest import ROOT
 
-    older = ROOT / "baselines" / "cpu-avx2"
-    text = (older / "linear_rows_7_.golden.yaml").read_text()
-    assert "format:" not in text  # written before the format was versioned: read as /1, unchanged
-    golden = Golden.read(older, "linear[rows=7]")
+    committed = ROOT / "baselines" / "cpu-avx2"
+    golden = Golden.read(committed, "linear[rows=7]")
     assert golden.case == "linear[rows=7]" and golden.tensors["megatron"]["out"].dtype == "bfloat16"
+    for path in committed.glob("*.golden.yaml"):  # every committed golden names its format and generator
+        assert re.search(rf"^format: {FORMAT}$", path.read_text(), re.M), path
+        assert re.search(rf"^generator: {GENERATOR}$", path.read_text(), re.M), path
 
     golden.write(tmp_path, with_arrays=False)
-    written = (tmp_path / "linear_rows_7_.golden.yaml").read_text()
+    text_path = tmp_path / "linear_rows_7_.golden.yaml"
+    written = text_path.read_text()
     assert written.splitlines()[1] == f"format: {FORMAT}" and FORMAT == "xfalign-golden/1"
     assert Golden.read(tmp_path, "linear[rows=7]").tensors == golden.tensors
 
-    (tmp_path / "linear_rows_7_.golden.yaml").write_text(written.replace(FORMAT, "xfalign-golden/9"))
+    text_path.write_text(written.replace(FORMAT, "xfalign-golden/9"))
     with pytest.raises(GoldenError, match=r"golden format 'xfalign-golden/9'; this xfalign reads 'xfalign-golden/1'"):
+        Golden.read(tmp_path, "linear[rows=7]")
+    text_path.write_text(written.replace(f"format: {FORMAT}\n", ""))
+    with pytest.raises(GoldenError, match=r"linear_rows_7_.golden.yaml: not a readable golden \(KeyError: 'format'\)"):
         Golden.read(tmp_path, "linear[rows=7]")

@@ -103,6 +103,9 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
     unavailable = {d.side: d.meta["unavailable"] for d in (a, b) if "unavailable" in d.meta}
     if unavailable:
         return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), [], {}, unavailable)
+    if a.generator != b.generator:
+        raise InputMismatch(f"sides {a.side!r} and {b.side!r} made their inputs with input generators {a.generator} and "
+                            f"{b.generator}: run both sides with one xfalign version")
     if a.meta["inputs"] != b.meta["inputs"]:
         differing = sorted(n for n in a.meta["inputs"].keys() | b.meta["inputs"].keys()
                            if a.meta["inputs"].get(n) != b.meta["inputs"].get(n))

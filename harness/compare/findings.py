@@ -12,9 +12,10 @@ from typing import Any
 # "exact-values", "digest" (digests differ: no values to measure, or values that are not the bytes
 # recorded); from an expectation: "not-applicable" (e.g. max_ulp on bool values), "needs-values" (a
 # tolerance on digests that differ while a side kept no values); from the gate:
-# "input", "nondeterministic", "no-golden", "environment" (a fingerprint field changed since the golden).
+# "input", "generator" (the golden's inputs were made by another version of the input generator),
+# "nondeterministic", "no-golden", "environment" (a fingerprint field changed since the golden).
 KINDS = ("missing", "dtype", "shape", "float-values", "exact-values", "digest", "not-applicable", "needs-values",
-         "input", "nondeterministic", "no-golden", "environment")
+         "input", "generator", "nondeterministic", "no-golden", "environment")
 PAIR_KINDS = KINDS[:8]  # what pairs and expectations find about one tensor
 GOLDEN = "golden"  # `expected` of a drift finding: the tensor was held to its golden
 

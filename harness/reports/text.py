@@ -175,6 +175,8 @@ _DETAILS: dict[str, Callable[[dict], str]] = {
                               "digests only (capture this module in full: compare --refetch FILE, then "
                               "capture(..., mode=\"digests-then-full\", refetch=FILE))",
     "input": lambda d: f"{_digest(d['golden'])} → {_digest(d['now'])}",
+    "generator": lambda d: (f"inputs made by generator {d['golden']}, this run uses {d['now']}: update the goldens "
+                            "(xfalign gate ... --update); the tensors were not compared with them"),
     "nondeterministic": lambda d: f"{d['distinct']} different digests in {d['repeats']} repeats on side {d['side']} "
                                   "(nondeterministic there; not a cross-framework difference)",
     "no-golden": lambda d: (f"no golden yet: wrote {d['written']}; this fails once: run the gate again to check "
