@@ -68,6 +68,7 @@ class DumpMeta(BaseModel):
     provenance: str
     environment: dict[str, Any]  # the fingerprint (harness.fingerprint)
     inputs: dict[str, dict[str, Any]]  # input name -> digest of the input as the side consumed it
+    generator: int | None = None  # the input generator that made them (harness.inputs.GENERATOR); None: a capture
     unavailable: str | None = None  # why the side could not run here (then nothing else was captured)
     repeats: dict[str, list[str | None]] = {}  # tensor -> MD5 per repeat, when run more than once
     tensors: list[TensorEntry] = []
@@ -242,6 +243,11 @@ class Dump:
     @property
     def input_digests(self) -> dict[str, Digest]:
         return {name: Digest.from_json(d) for name, d in self.meta["inputs"].items()}
+
+    @property
+    def generator(self) -> int | None:
+        """The input generator that made the inputs; generated inputs recorded before it was: version 1."""
+        return self.meta.get("generator", 1 if self.meta.get("inputs") else None)
 
     @property
     def names(self) -> list[str]:
