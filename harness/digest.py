@@ -1,13 +1,17 @@
 """Tensor digests: MD5 of the raw C-order little-endian bytes, with dtype and shape beside it.
 
-MD5 is the digest users see and baselines keep. A dump also records XXH3-128 of the same bytes: about
-50x cheaper, so that every read can check the bytes against the record (`verify`). Older dumps,
-without it, are checked by MD5.
+MD5 is the digest users see and baselines keep. A dump also records XXH3-128 of the same bytes (tens of
+times cheaper than MD5). Every check of stored bytes against their record (`verify` / `mismatches` all at once,
+in threads; `StreamCheck` fed by the comparison's one pass over the bytes) hashes them with MD5 and with
+every other hash the record holds (XXH3-128, fast64), and refuses the bytes unless each one agrees: the MD5
+shown is then the MD5 of the bytes, and a record edited in any one hash is caught. Older dumps, without
+XXH3, are checked by MD5 alone.
 
 A tensor a capture recorded with hash="fast" (digest only, never stored) has fast64
 (harness.capture.fast_hash) instead of MD5. Two digests are equal when dtype and shape agree and so does
 a hash both record: MD5 where both have it, else fast64; two digests that share no hash are never equal
-(`comparable` tells that case apart).
+(`comparable` tells that case apart). A digest-only tensor (stored: false) has no bytes: it is shown as
+recorded, and there is nothing to verify it against.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -129,43 +134,103 @@ def digests_of(arrays: Mapping[str, np.ndarray], threads: int | None = None, xxh
             for name, array in arrays.items()}
 
 
-def verify(arrays: Mapping[str, np.ndarray], digests: Mapping[str, Digest], threads: int | None = None) -> list[str]:
-    """Names (in `arrays`' order) of the arrays whose dtype, shape or bytes do not match their digest.
+_PIECE = 1 << 20  # bytes fed to each hasher in turn: MD5 reads them from memory, XXH3 from the cache
 
-    Bytes are checked by XXH3-128 where the digest records it, else by MD5. Every name in `arrays`
-    must have a digest; names of `digests` without an array are not looked at.
+
+def _hashers(digest: Digest) -> dict[str, Any]:
+    """A fresh hasher for MD5 (always: the digest shown) and for XXH3-128 where the record holds it."""
+    hashers: dict[str, Any] = {"MD5": hashlib.md5()}
+    if digest.xxh3 is not None:
+        hashers["XXH3-128"] = xxhash.xxh3_128()
+    return hashers
+
+
+def _feed(hashers: dict[str, Any], data: memoryview) -> None:
+    """Every hasher fed `data`, a piece at a time (each hasher releases the GIL while it hashes)."""
+    for start in range(0, len(data), _PIECE):
+        piece = data[start:start + _PIECE]
+        for hasher in hashers.values():
+            hasher.update(piece)
+
+
+def _layout_mismatch(array: np.ndarray, digest: Digest) -> str | None:
+    if not _dtype_is(array.dtype, digest.dtype):
+        try:
+            found = dtype_name(array.dtype)
+        except ValueError:
+            found = str(array.dtype)
+        return f"dtype {found} does not match the recorded {digest.dtype}"
+    if tuple(array.shape) != tuple(digest.shape):
+        return f"shape {list(array.shape)} does not match the recorded {list(digest.shape)}"
+    return None
+
+
+def _hash_mismatch(array: np.ndarray, digest: Digest, hashers: dict[str, Any]) -> str | None:
+    """What the record gets wrong, given the hashers fed all of `array`'s bytes (None: nothing)."""
+    if digest.md5 is None:  # stored bytes always have an MD5 (a dump's schema refuses one without)
+        return "bytes have no recorded MD5"
+    recorded = {"MD5": digest.md5, "XXH3-128": digest.xxh3}
+    wrong = [name for name, hasher in hashers.items() if hasher.hexdigest() != recorded[name]]
+    if digest.fast64 is not None:  # recorded beside the MD5 of a stored tensor: rare; hashed whole, here
+        from harness.capture.fast_hash import fast64  # lazy: harness.capture imports this module
+
+        if fast64(array) != digest.fast64:
+            wrong.append("fast64")
+    return f"bytes do not match the recorded {' and '.join(wrong)}" if wrong else None
+
+
+def mismatches(arrays: Mapping[str, np.ndarray], digests: Mapping[str, Digest],
+               threads: int | None = None) -> dict[str, str]:
+    """The arrays whose dtype, shape or bytes do not match their digest (in `arrays`' order), each with what
+    disagrees: "bytes do not match the recorded MD5" (or XXH3-128, or both), "shape [..] does not match the
+    recorded [..]", ...
+
+    Bytes are checked by MD5 (the digest shown) and by XXH3-128 where the digest records it (the same pass
+    over them, a piece at a time): a record whose MD5 or XXH3 disagrees with the bytes is refused either
+    way. The arrays hash in parallel threads, the longest first (MD5 is one sequential stream per array).
+    Every name in `arrays` must have a digest; names of `digests` without an array are not looked at (a
+    digest-only tensor has no bytes to verify).
     """
-    def hash_of(array: np.ndarray, digest: Digest) -> tuple[str, str | None]:
-        raw = _raw(array)
-        return (_xxh3(raw), digest.xxh3) if digest.xxh3 is not None else (_md5(raw), digest.md5)
+    found = {name: _layout_mismatch(array, digests[name]) for name, array in arrays.items()}
+    checked = sorted((name for name, problem in found.items() if problem is None), key=lambda name: -arrays[name].nbytes)
 
-    checked = [name for name, array in arrays.items()
-               if _dtype_is(array.dtype, digests[name].dtype) and tuple(array.shape) == tuple(digests[name].shape)]
-    tasks = [lambda name=name: hash_of(arrays[name], digests[name]) for name in checked]
-    matching = {name for name, (found, recorded) in zip(checked, _run(tasks, sum(arrays[n].nbytes for n in checked), threads))
-                if found == recorded}
-    return [name for name in arrays if name not in matching]
+    def check(name: str) -> str | None:
+        hashers = _hashers(digests[name])
+        _feed(hashers, _raw(arrays[name]).data)
+        return _hash_mismatch(arrays[name], digests[name], hashers)
+
+    tasks = [lambda name=name: check(name) for name in checked]
+    found.update(zip(checked, _run(tasks, sum(arrays[name].nbytes for name in checked), threads)))
+    return {name: problem for name, problem in found.items() if problem is not None}
+
+
+def verify(arrays: Mapping[str, np.ndarray], digests: Mapping[str, Digest], threads: int | None = None) -> list[str]:
+    """Names (in `arrays`' order) of the arrays whose dtype, shape or bytes do not match their digest:
+    `mismatches`' names (MD5 always checked, XXH3-128 too where recorded)."""
+    return list(mismatches(arrays, digests, threads))
 
 
 class StreamCheck:
-    """The check of one array's bytes against its recorded digest (XXH3-128 where recorded, else MD5),
-    fed in order, piece by piece, by the threads of a pass that reads the bytes anyway (the comparison's
-    one pass, harness.compare.metrics): a thread calls `advance(stop)` once it has read the elements
-    before `stop`; whichever thread finds the stream idle hashes every byte asked for so far, while the
-    others go on (nobody waits on a lock held for hashing). `matches()`, once the pass is over, hashes
-    what is left and says whether the bytes are those recorded; a dtype or shape that disagrees with
-    the record never matches."""
+    """The check of one array's bytes against its recorded digest (MD5, and XXH3-128 where recorded: see
+    `mismatches`), fed in order, piece by piece, by the threads of a pass that reads the bytes anyway (the
+    comparison's one pass, harness.compare.metrics): a thread calls `advance(stop)` once it has read the
+    elements before `stop`; whichever thread finds the stream idle hashes every byte asked for so far, while
+    the others go on (nobody waits on a lock held for hashing). `mismatch()` / `matches()`, once the pass is
+    over, hash what is left and say what disagrees / whether the bytes are those recorded; a dtype or shape
+    that disagrees with the record never matches."""
 
     def __init__(self, array: np.ndarray, digest: Digest):
         self.digest = digest
-        self._agrees = _dtype_is(array.dtype, digest.dtype) and tuple(array.shape) == tuple(digest.shape)
+        self._array = array
+        self._layout = _layout_mismatch(array, digest)
         self._raw = _raw(array)
         self._itemsize = array.itemsize
-        self._hasher = xxhash.xxh3_128() if digest.xxh3 is not None else hashlib.md5()
+        self._hashers = _hashers(digest)
         self._state = threading.Lock()
         self._hashed = self._wanted = 0
         self._busy = False
-        self._result: bool | None = None
+        self._result: str | None = None
+        self._done = False
 
     def advance(self, stop: int) -> None:
         """Elements [0, stop) have been read: hash them, unless another thread is hashing (it takes
@@ -181,21 +246,28 @@ class StreamCheck:
                 if start >= end:
                     self._busy = False
                     return
-            self._hasher.update(self._raw.data[start:end])  # the GIL is released while hashing
+            _feed(self._hashers, self._raw.data[start:end])
             with self._state:
                 self._hashed = end
 
     @property
     def unfed_bytes(self) -> int:
         """Bytes not hashed yet (all of them where no pass fed the check)."""
-        return self._raw.size - self._hashed if self._agrees and self._result is None else 0
+        return self._raw.size - self._hashed if self._layout is None and not self._done else 0
+
+    def mismatch(self) -> str | None:
+        """What disagrees with the record, as `mismatches` says it; None: the bytes are those recorded (call
+        once the threads feeding it are done)."""
+        if not self._done:
+            if self._layout is None:
+                self.advance(self._raw.size // self._itemsize if self._itemsize else 0)
+                assert self._hashed == self._raw.size
+                self._result = _hash_mismatch(self._array, self.digest, self._hashers)
+            else:
+                self._result = self._layout
+            self._done = True
+        return self._result
 
     def matches(self) -> bool:
         """Whether the bytes are those recorded (call once the threads feeding it are done)."""
-        if self._result is None:
-            if self._agrees:
-                self.advance(self._raw.size // self._itemsize if self._itemsize else 0)
-                assert self._hashed == self._raw.size
-            expected = self.digest.xxh3 if self.digest.xxh3 is not None else self.digest.md5
-            self._result = self._agrees and self._hasher.hexdigest() == expected
-        return self._result
+        return self.mismatch() is None

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from harness import __version__
 from harness.atomic import file_mode, fsync, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
 from harness.capture.format import CaptureInfo, TensorStats
-from harness.digest import Digest, StreamCheck, digests_of, verify
+from harness.digest import Digest, StreamCheck, digests_of, mismatches
 from harness.errors import OutputError, XfalignError, field_text, safe_name, validation_problem
 
 FORMAT = "xfalign-dump/1"
@@ -160,15 +160,19 @@ def check_dump_target(path: str | Path, side: str | None = None, label: str = "d
     raise DumpTargetError(f"{where}: exists and is not an xfalign dump (no {META_FILE}); refusing to replace it")
 
 
-def _corrupt(directory: Path, name: str) -> IntegrityError:
-    return IntegrityError(f"{directory}: tensor {name}: bytes do not match the recorded digest (corrupt or edited dump)")
+def _corrupt(directory: Path, name: str, problem: str) -> IntegrityError:
+    """`problem`: what disagrees, as harness.digest.mismatches says it ("bytes do not match the recorded MD5")."""
+    return IntegrityError(f"{directory}: tensor {name}: {problem} (corrupt or edited dump)")
 
 
 class CheckedTensors(Mapping):
     """A read dump's tensors (name -> array, in the dump's order), each checked against its recorded
     digest before it is handed out: all at once (`check`, in threads), one on first access, or by a pass
     that reads the bytes anyway (`unchecked` hands out an array with its StreamCheck, `settle` takes
-    the verdicts). A tensor that fails its check raises IntegrityError naming the dump and the tensor."""
+    the verdicts). Every check hashes the bytes with MD5, the digest shown and kept, and with XXH3-128
+    where recorded (harness.digest.mismatches): a tensor whose recorded dtype, shape, MD5 or XXH3 disagrees
+    with its bytes raises IntegrityError naming the dump, the tensor and what disagrees. Digest-only
+    tensors (stored: false) are not here: they have no bytes to check."""
 
     def __init__(self, directory: Path, arrays: dict[str, np.ndarray], digests: dict[str, Digest]):
         self._directory, self._arrays, self._digests = directory, arrays, digests
@@ -203,9 +207,10 @@ class CheckedTensors(Mapping):
         first (in the dump's order) whose bytes, dtype or shape disagree with its digest."""
         with self._lock:
             todo = [name for name in (self._arrays if names is None else names) if name in self._pending]
-            corrupt = verify({name: self._arrays[name] for name in todo}, self._digests)
+            corrupt = mismatches({name: self._arrays[name] for name in todo}, self._digests)
             if corrupt:
-                raise _corrupt(self._directory, corrupt[0])
+                name, problem = next(iter(corrupt.items()))
+                raise _corrupt(self._directory, name, problem)
             self._pending.difference_update(todo)
 
     def unchecked(self, name: str) -> tuple[np.ndarray, StreamCheck | None]:
@@ -219,8 +224,9 @@ class CheckedTensors(Mapping):
         IntegrityError names the first tensor, in the dump's order, that fails."""
         for name in self._arrays:
             if name in checks:
-                if not checks[name].matches():
-                    raise _corrupt(self._directory, name)
+                problem = checks[name].mismatch()
+                if problem is not None:
+                    raise _corrupt(self._directory, name, problem)
                 with self._lock:
                     self._pending.discard(name)
 
@@ -310,8 +316,8 @@ class Dump:
 
     @classmethod
     def read(cls, directory: str | Path, check_bytes: bool = True) -> Dump:
-        """The dump at `directory`, every tensor's bytes checked against the digest recorded with it
-        (IntegrityError). With `check_bytes=False` the check is left to the first use of a tensor, or
+        """The dump at `directory`, every tensor's bytes checked against the digest recorded with it: MD5 and,
+        where recorded, XXH3-128 (IntegrityError). With `check_bytes=False` the check is left to the first use of a tensor, or
         to the comparison, which checks the bytes in its one pass over them
         (harness.compare.case.compare_dumps): nothing uses bytes that were not checked."""
         directory = Path(directory)
@@ -334,8 +340,8 @@ class Dump:
         for name in arrays:
             if name not in digests:
                 raise DumpError(f"{directory}: tensor {name}: in {TENSORS_FILE} but not listed in {META_FILE}")
-        # The digests shown and kept (MD5) must be digests of these bytes: each tensor is checked (by XXH3)
-        # now, or on first use, or by the comparison's one pass over the bytes
+        # The digests shown and kept (MD5) must be digests of these bytes: each tensor is checked (by MD5, and
+        # XXH3 where recorded) now, or on first use, or by the comparison's one pass over the bytes
         tensors = CheckedTensors(directory, {name: arrays[name] for name in digests}, digests)
         if check_bytes:
             tensors.check()

@@ -61,7 +61,8 @@ def test_edited_tensor_byte_is_refused_by_name(tmp_path):
     flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, "grad.x") + 7)
     with pytest.raises(IntegrityError) as error:
         Dump.read(a_dir)
-    assert str(error.value) == f"{a_dir}: tensor grad.x: bytes do not match the recorded digest (corrupt or edited dump)"
+    assert str(error.value) == (f"{a_dir}: tensor grad.x: bytes do not match the recorded MD5 and XXH3-128 "
+                                "(corrupt or edited dump)")
     assert isinstance(error.value, DumpError)
 
 
@@ -73,7 +74,7 @@ def test_dump_without_xxh3_is_read_and_checked_by_md5(tmp_path):
     assert all(d.xxh3 is None for d in dump.digests.values())
     assert dump.digests == digests_of(dump.tensors)  # equality ignores the XXH3 one side lacks
     flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, "out"))
-    with pytest.raises(DumpError, match="tensor out: bytes do not match the recorded digest"):
+    with pytest.raises(DumpError, match="tensor out: bytes do not match the recorded MD5 "):
         Dump.read(a_dir)
 
 
@@ -81,7 +82,12 @@ def test_recorded_dtype_or_shape_that_disagrees_is_refused(tmp_path):
     a_dir, _ = write_dumps(tmp_path)
     edit_meta(a_dir, lambda meta: meta["tensors"][0].update(shape=[1, *meta["tensors"][0]["shape"]]))
     name = json.loads((a_dir / META_FILE).read_text())["tensors"][0]["name"]
-    with pytest.raises(DumpError, match=f"tensor {name}: bytes do not match the recorded digest"):
+    with pytest.raises(DumpError) as error:
+        Dump.read(a_dir)
+    assert str(error.value) == (f"{a_dir}: tensor {name}: shape [64, 128] does not match the recorded [1, 64, 128] "
+                                "(corrupt or edited dump)")
+    edit_meta(a_dir, lambda meta: meta["tensors"][0].update(shape=[64, 128], dtype="float16"))
+    with pytest.raises(DumpError, match=f"tensor {name}: dtype bfloat16 does not match the recorded float16 "):
         Dump.read(a_dir)
 
 
@@ -104,35 +110,41 @@ def test_cli_compare_of_an_edited_dump_exits_2_naming_the_tensor(tmp_path, capsy
     capsys.readouterr()
     flip_byte(b_dir / TENSORS_FILE, tensor_byte_offset(b_dir / TENSORS_FILE, "out") + 2)
     assert main(["compare", str(a_dir), str(b_dir)]) == 2
-    assert (f"xfalign: error: {b_dir}: tensor out: bytes do not match the recorded digest (corrupt or edited dump)"
-            in capsys.readouterr().err)
+    assert (f"xfalign: error: {b_dir}: tensor out: bytes do not match the recorded MD5 and XXH3-128 (corrupt or "
+            "edited dump)" in capsys.readouterr().err)
 
 
 def test_comparison_checks_the_bytes_in_its_one_pass(tmp_path, monkeypatch):
-    """Dumps read with check_bytes=False: the comparison's one pass feeds every tensor's digest check
-    (XXH3, or MD5 where the dump records no XXH3) and refuses a corrupt tensor with the same error;
-    a tensor that the pass does not scan (one side only) is still checked; the comparison of intact
+    """Dumps read with check_bytes=False: the comparison's one pass, where it runs in several chunks,
+    feeds every tensor's digest check (MD5, and XXH3 where the dump records it) chunk by chunk; pairs of
+    one chunk are hashed together after the pass; a corrupt tensor is refused with the same error either
+    way; a tensor that the pass does not scan (one side only) is still checked; the comparison of intact
     dumps is the one of dumps checked on read."""
     a_dir, b_dir = write_dumps(tmp_path)
     eager = compare_dumps(Dump.read(a_dir), Dump.read(b_dir))
-    lazy_a, lazy_b = Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False)
-    fed = []
+    fed: list[int] = []
     original = StreamCheck.advance
-    monkeypatch.setattr(StreamCheck, "advance", lambda self, stop: (fed.append(stop), original(self, stop))[1])
-    lazy = compare_dumps(lazy_a, lazy_b)
-    assert fed  # the element pass fed the checks
-    assert [(r.name, r.findings) for r in lazy.tensors] == [(r.name, r.findings) for r in eager.tensors]
-    assert [r.pair.values.stats for r in lazy.tensors] == [r.pair.values.stats for r in eager.tensors]
-    monkeypatch.undo()
+    for chunk in (1024, metrics.CHUNK_ELEMENTS):  # "out" (8192 elements): in 8 chunks, then in one
+        monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", chunk)
+        monkeypatch.setattr(StreamCheck, "advance", lambda self, stop: (fed.append(stop), original(self, stop))[1])
+        lazy_a, lazy_b = Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False)
+        fed.clear()
+        lazy = compare_dumps(lazy_a, lazy_b)
+        assert (1024 in fed) == (chunk == 1024)  # the element pass fed the checks, chunk by chunk
+        assert [(r.name, r.findings) for r in lazy.tensors] == [(r.name, r.findings) for r in eager.tensors]
+        assert [r.pair.values.stats for r in lazy.tensors] == [r.pair.values.stats for r in eager.tensors]
+        assert not lazy_a.tensors._pending and not lazy_b.tensors._pending  # every tensor checked
+        monkeypatch.undo()
     # B's tensor corrupt; then A's too: A's is named, as reading A then B would
     for side_dir, name, offset in ((b_dir, "out", 2), (a_dir, "grad.probs", 5)):
         flip_byte(side_dir / TENSORS_FILE, tensor_byte_offset(side_dir / TENSORS_FILE, name) + offset)
         with pytest.raises(IntegrityError) as error:
             compare_dumps(Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False))
-        assert str(error.value) == f"{side_dir}: tensor {name}: bytes do not match the recorded digest (corrupt or edited dump)"
+        assert str(error.value) == (f"{side_dir}: tensor {name}: bytes do not match the recorded MD5 and XXH3-128 "
+                                    "(corrupt or edited dump)")
     # old dumps (MD5 only) are checked by MD5 in the same pass
     edit_meta(a_dir, lambda meta: [entry.pop("xxh3") for entry in meta["tensors"]])
-    with pytest.raises(IntegrityError, match="tensor grad.probs: bytes do not match"):
+    with pytest.raises(IntegrityError, match="tensor grad.probs: bytes do not match the recorded MD5 "):
         compare_dumps(Dump.read(a_dir, check_bytes=False), Dump.read(b_dir, check_bytes=False))
 
 
@@ -144,7 +156,7 @@ def test_unchecked_tensors_are_checked_before_any_other_use(tmp_path):
     flip_byte(a_dir / TENSORS_FILE, tensor_byte_offset(a_dir / TENSORS_FILE, "grad.x"))
     corrupt = Dump.read(a_dir, check_bytes=False)
     for use in (lambda t: t["grad.x"], lambda t: t.get("grad.x"), lambda t: dict(t.items()), lambda t: list(t.values())):
-        with pytest.raises(IntegrityError, match="tensor grad.x: bytes do not match the recorded digest"):
+        with pytest.raises(IntegrityError, match="tensor grad.x: bytes do not match the recorded MD5 and XXH3-128 "):
             use(corrupt.tensors)
     assert corrupt.tensors["out"] is not None  # the others still read
 
@@ -166,7 +178,7 @@ def test_stream_check_fed_out_of_order_from_threads_matches_one_shot():
     rng = np.random.default_rng(7)
     array = rng.standard_normal(1 << 20).astype(np.float32)
     full = Digest.of(array)
-    for digest in (full, Digest(full.dtype, full.shape, full.md5)):  # checked by XXH3; by MD5 where none is recorded
+    for digest in (full, Digest(full.dtype, full.shape, full.md5)):  # MD5 and XXH3; MD5 where no XXH3 is recorded
         check = StreamCheck(array, digest)
         stops = list(range(1000, array.size, 77_777))
         rng.shuffle(stops)
@@ -268,3 +280,139 @@ def test_no_map_when_nothing_differs():
     a = np.ones((8, 8), dtype=np.float32)
     stats, found = element_stats_and_map(a, a.copy(), a.shape)
     assert stats.bitwise_equal and found is None
+
+
+# --- The MD5 shown is the MD5 of the bytes: a record whose MD5 (or XXH3) disagrees with them is refused ---
+
+def tensor_digest(directory, name: str) -> Digest:
+    """The digest of tensor `name`'s bytes as they are in the dump's file now."""
+    from safetensors.numpy import load_file
+
+    return Digest.of(load_file(directory / TENSORS_FILE)[name])
+
+
+def set_entry(directory, name: str, **fields) -> None:
+    edit_meta(directory, lambda meta: next(e for e in meta["tensors"] if e["name"] == name).update(fields))
+
+
+def md5_of_other_side(directory, other, name):
+    """A's MD5 of `name` replaced by B's (A's bytes left as they are)."""
+    set_entry(directory, name, md5=tensor_digest(other, name).md5)
+
+
+def md5_zeroed(directory, other, name):
+    set_entry(directory, name, md5="0" * 32)
+
+
+def bit_flipped_xxh3_rerecorded(directory, other, name):
+    """A bit of the tensor flipped and its XXH3 recorded again from the edited bytes; the MD5 left stale."""
+    flip_byte(directory / TENSORS_FILE, tensor_byte_offset(directory / TENSORS_FILE, name) + 3)
+    set_entry(directory, name, xxh3=tensor_digest(directory, name).xxh3)
+
+
+def xxh3_zeroed(directory, other, name):
+    """The XXH3 edited, the MD5 left right: still an edited record."""
+    set_entry(directory, name, xxh3="0" * 32)
+
+
+MD5_EDITS = [md5_of_other_side, md5_zeroed, bit_flipped_xxh3_rerecorded]
+
+
+def refusal(directory, name: str, hash_name: str) -> str:
+    return f"xfalign: error: {directory}: tensor {name}: bytes do not match the recorded {hash_name} (corrupt or edited dump)"
+
+
+@pytest.mark.parametrize("edit, hash_name", [(e, "MD5") for e in MD5_EDITS] + [(xxh3_zeroed, "XXH3-128")])
+def test_cli_compare_refuses_a_dump_whose_recorded_hash_disagrees(tmp_path, capsys, edit, hash_name):
+    """The three edits of the issue (and an edited XXH3), each on A's `out`: exit 2 naming the tensor and the
+    hash, nothing written (no table, JSON or HTML shows the edited digest)."""
+    a_dir, b_dir = write_dumps(tmp_path)
+    edit(a_dir, b_dir, "out")
+    outputs = ["--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")]
+    assert main(["compare", str(a_dir), str(b_dir), *outputs]) == 2
+    captured = capsys.readouterr()
+    assert refusal(a_dir, "out", hash_name) in captured.err
+    assert "out" not in captured.out and not (tmp_path / "r.json").exists() and not (tmp_path / "r.html").exists()
+    with pytest.raises(IntegrityError, match=f"tensor out: bytes do not match the recorded {hash_name} "):
+        Dump.read(a_dir)  # read on its own (checked all at once) as well
+
+
+def test_an_old_dump_without_xxh3_is_still_checked_by_md5(tmp_path, capsys):
+    a_dir, b_dir = write_dumps(tmp_path)
+    edit_meta(a_dir, lambda meta: [entry.pop("xxh3") for entry in meta["tensors"]])
+    assert main(["compare", str(a_dir), str(b_dir)]) == 1  # intact: compared
+    capsys.readouterr()
+    md5_of_other_side(a_dir, b_dir, "out")
+    assert main(["compare", str(a_dir), str(b_dir)]) == 2
+    assert refusal(a_dir, "out", "MD5") in capsys.readouterr().err
+
+
+def write_full_tree(path, side: str, tweak=None):
+    """A capture tree (full mode, two steps) of a small torch model, as harness.capture writes it."""
+    import torch
+
+    from harness.capture import capture
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    if tweak is not None:
+        with torch.no_grad():
+            tweak(model)
+    with capture(model, path, mode="full", side=side) as cap:
+        for _ in range(2):
+            model(torch.ones(3, 8)).sum().backward()
+            cap.step()
+            model.zero_grad()
+    return path
+
+
+@pytest.mark.xdist_group("in_process_frameworks")
+@pytest.mark.parametrize("edit, hash_name", [(e, "MD5") for e in MD5_EDITS] + [(xxh3_zeroed, "XXH3-128")])
+def test_cli_compare_refuses_a_capture_step_whose_recorded_hash_disagrees(tmp_path, capsys, torch, edit, hash_name):
+    """The same edits on one step of a capture tree (full mode): `xfalign compare TREE_A TREE_B` exits 2 naming
+    the step's folder and the tensor."""
+    tree_a = write_full_tree(tmp_path / "a", "megatron")
+    tree_b = write_full_tree(tmp_path / "b", "paddle", tweak=lambda model: model[1].bias.add_(1.0))
+    assert main(["compare", str(tree_a), str(tree_b), "--html", str(tmp_path / "intact.html")]) == 1  # they differ
+    capsys.readouterr()
+    step, name = tree_a / "step-00001", "1#0:output.0"
+    assert tensor_digest(step, name) != tensor_digest(tree_b / "step-00001", name)
+    edit(step, tree_b / "step-00001", name)
+    assert main(["compare", str(tree_a), str(tree_b), "--html", str(tmp_path / "r.html")]) == 2
+    assert refusal(step, name, hash_name) in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_verify_and_stream_check_refuse_a_stale_md5():
+    """Bytes edited and the XXH3 recorded again, the MD5 left stale: neither the all-at-once check nor the
+    streaming one accepts it, and both say it is the MD5 that disagrees."""
+    from harness.digest import mismatches
+
+    rng = np.random.default_rng(3)
+    array = rng.standard_normal(1 << 19).astype(np.float32)
+    recorded = Digest.of(array)
+    edited = array.copy()
+    edited.view(np.uint32)[12345] ^= 1
+    stale = Digest(recorded.dtype, recorded.shape, recorded.md5, Digest.of(edited).xxh3)
+    assert verify({"t": array}, {"t": recorded}) == [] and verify({"t": edited}, {"t": stale}) == ["t"]
+    disagree = "bytes do not match the recorded "
+    assert mismatches({"t": edited}, {"t": stale}) == {"t": disagree + "MD5"}
+    xxh3_only = Digest(recorded.dtype, recorded.shape, recorded.md5, "0" * 32)
+    assert mismatches({"t": array}, {"t": xxh3_only}) == {"t": disagree + "XXH3-128"}
+    both = Digest(recorded.dtype, recorded.shape, "0" * 32, "0" * 32)
+    assert mismatches({"t": array, "u": edited}, {"t": both, "u": recorded}) == {"t": disagree + "MD5 and XXH3-128",
+                                                                                  "u": disagree + "MD5 and XXH3-128"}
+    from harness.capture.fast_hash import fast64
+
+    with_fast64 = Digest(recorded.dtype, recorded.shape, recorded.md5, recorded.xxh3, fast64(array))
+    assert mismatches({"t": array}, {"t": with_fast64}) == {}  # a fast64 recorded beside them is checked too
+    assert verify({"t": array}, {"t": Digest(recorded.dtype, recorded.shape, recorded.md5, fast64="0" * 16)}) == ["t"]
+    for digest, data, expected in ((stale, edited, disagree + "MD5"), (xxh3_only, array, disagree + "XXH3-128"),
+                                   (recorded, array, None)):
+        check = StreamCheck(data, digest)
+        stops = list(range(1000, data.size, 33_333))
+        with ThreadPoolExecutor(2) as pool:  # fed from threads, as the comparison's pass feeds it
+            list(pool.map(check.advance, stops))
+        assert check.mismatch() == expected and check.matches() == (expected is None)
+    # a digest-only record (no bytes) is not verified: there is nothing to verify it against
+    assert verify({}, {"t": stale}) == []

@@ -78,8 +78,9 @@ class Tree:
             raise TreeError(f"{self.path}: has {len(self.manifest.steps)} step(s); no step {index}") from None
 
     def step(self, index: int | str) -> Dump:
-        """The dump of step `index` (a position in `steps`, or a step folder's name); bytes are checked on
-        first use (Dump.read with check_bytes=False)."""
+        """The dump of step `index` (a position in `steps`, or a step folder's name); its stored tensors' bytes
+        are checked against their recorded MD5 and XXH3 on first use or by the comparison's pass (Dump.read
+        with check_bytes=False); digest-only tensors have no bytes to check."""
         if isinstance(index, str) and index not in self.manifest.steps:
             raise TreeError(f"{self.path}: no step {index!r}; steps: {', '.join(self.manifest.steps) or 'none'}")
         return Dump.read(self.step_path(index), check_bytes=False)

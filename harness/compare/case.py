@@ -145,9 +145,11 @@ def _unchecked(tensors, name: str, checks: dict[str, StreamCheck]) -> tuple[np.n
 
 def _settle(dumps: tuple[Dump, Dump], checks: tuple[dict[str, StreamCheck], dict[str, StreamCheck]]) -> None:
     """The verdicts of the digest checks; those the element pass did not feed (a tensor one side lacks,
-    shapes that cannot be compared) hash their bytes here, in threads. IntegrityError: side A's first
+    shapes that cannot be compared, a pair of one chunk: harness.compare.metrics) hash their bytes here, in
+    threads, the longest first (MD5 is one sequential stream per tensor). IntegrityError: side A's first
     corrupt tensor, else B's."""
-    unfed = [check for found in checks for check in found.values() if check.unfed_bytes]
+    unfed = sorted((check for found in checks for check in found.values() if check.unfed_bytes),
+                   key=lambda check: -check.unfed_bytes)
     if sum(check.unfed_bytes for check in unfed) >= 1 << 20 and len(unfed) > 1:
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             list(pool.map(StreamCheck.matches, unfed))

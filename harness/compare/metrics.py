@@ -6,8 +6,10 @@ the "which bits differ" scan comes first, on 8-byte words (several elements at a
 elements differ, ULP distance, NaN/Inf classes, abs/rel error and the mismatch grid
 (harness.compare.heatmap) are computed on the differing elements only, gathered (equal elements contribute 0
 to all of them); where many differ, on whole cache-sized blocks, in place, with no gathering.
-The same pass feeds the digest checks of both sides' bytes (harness.digest.StreamCheck), chunk by
-chunk, as each chunk is read: comparing a read dump verifies it without a pass of its own.
+The same pass feeds the digest checks of both sides' bytes (harness.digest.StreamCheck: MD5, and XXH3-128
+where recorded), chunk by chunk, as each chunk is read, where it runs on several threads: comparing a read
+dump verifies it without a pass of its own. A pair of one chunk (one thread) leaves its checks unfed: MD5 is
+one sequential stream per tensor, and the caller hashes such tensors together, in threads.
 """
 
 from __future__ import annotations
@@ -618,7 +620,11 @@ def _compare(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...] | None, thread
     length = max(span.stop - span.start for span in spans)
     local = threading.local()
 
-    feeding = [check for check in checks if check is not None]
+    threads = threads or os.cpu_count() or 1
+    # A pass of one chunk runs on this thread alone: feeding it the checks would hash (MD5, one sequential
+    # stream per tensor) on one core. They are left to the caller, which hashes the tensors the pass did not
+    # feed together, in threads (harness.compare.case._settle).
+    feeding = [check for check in checks if check is not None] if len(spans) > 1 or threads == 1 else []
 
     def chunk(span: _Span) -> tuple[ElementStats, list[_Part]]:
         work = getattr(local, "work", None)
@@ -629,7 +635,6 @@ def _compare(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...] | None, thread
             check.advance(span.stop)
         return found
 
-    threads = threads or os.cpu_count() or 1
     if len(spans) <= 1 or threads == 1:
         results = [chunk(span) for span in spans]
     else:
@@ -661,5 +666,6 @@ def element_stats_and_map(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], 
     """element_stats, and where the elements differ with the arrays seen in `shape` (a grid of cells
     over its last two dimensions), from the same one pass over the data. The map is None when
     nothing differs. `checks`: digest checks of `a`'s and `b`'s bytes (harness.digest.StreamCheck),
-    fed chunk by chunk by the same pass; their verdicts are read with `matches()` afterwards."""
+    fed chunk by chunk by the same pass where it runs on several threads (a pass of one chunk leaves them
+    unfed: see the module's note); their verdicts are read with `matches()` afterwards."""
     return _compare(a, b, tuple(shape), threads, checks)
