@@ -10,9 +10,14 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from harness.case import Case, CaseError, InputSpec
-from harness.dtypes import to_numpy_dtype
+from harness.dtypes import FLOAT_DTYPES, to_numpy_dtype
 from harness.ops import family_for
+from harness.rounding import round_float64
 
+# The version of the input generator: bump it whenever the bits of any input change. Version 1 cast the
+# float64 draws with ml_dtypes' astype (whose float64 -> bfloat16 rounding changed between 0.6.0 and 0.7.0);
+# version 2 rounds them with harness.rounding, which depends on nothing installed.
+GENERATOR = 2
 DEFAULT_MAX_INPUT_GIB = 8.0
 # What generate_inputs allows when not told otherwise (the command line's --max-input-gib may set it).
 MAX_INPUT_GIB = DEFAULT_MAX_INPUT_GIB
@@ -53,20 +58,26 @@ def generate_input(name: str, spec: InputSpec, case: Case) -> np.ndarray:
         return rng.integers(int(spec.low), int(spec.high), size=spec.shape, dtype=np.int64).astype(dtype)
     values = np.empty(spec.shape, dtype=dtype)
     flat = values.reshape(-1)
-    # The draws, in order, chunk by chunk; each float64 chunk -> dtype: one round-to-nearest-even per value.
+    # The draws, in order, chunk by chunk; each float64 chunk -> dtype: one round-to-nearest-even per value
+    # (xfalign's own, for float dtypes: a cast's rounding depends on what is installed).
     for start in range(0, flat.size, CHUNK_ELEMENTS):
         size = min(CHUNK_ELEMENTS, flat.size - start)
         if spec.dist == "normal":
             chunk = rng.normal(spec.mean, spec.std, size=size)
         else:
             chunk = rng.uniform(spec.low, spec.high, size=size)
-        flat[start:start + size] = chunk.astype(dtype)
+        flat[start:start + size] = _to_dtype(chunk, spec.dtype)
     if spec.special_values and spec.special_fraction > 0:
         # After all the draws, as before: the positions, then the values planted there.
         count = max(1, round(flat.size * spec.special_fraction))
         where = rng.choice(flat.size, size=min(count, flat.size), replace=False)
-        flat[where] = rng.choice(np.asarray(spec.special_values, dtype=np.float64), size=where.size).astype(dtype)
+        flat[where] = _to_dtype(rng.choice(np.asarray(spec.special_values, dtype=np.float64), size=where.size), spec.dtype)
     return values
+
+
+def _to_dtype(draws: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 draws in the input's dtype: rounded by harness.rounding to a float dtype, cast to an integer one."""
+    return round_float64(draws, dtype) if dtype in FLOAT_DTYPES else draws.astype(to_numpy_dtype(dtype))
 
 
 def generate_inputs(case: Case, max_input_gib: float | None = None) -> dict[str, np.ndarray]:

@@ -29,8 +29,8 @@ import numpy as np
 from pydantic import Field
 
 from harness.case import Case, FieldProblem, Strict
-from harness.dtypes import to_numpy_dtype
 from harness.ops.family import OpFamily
+from harness.rounding import round_float64
 
 BSHD_TO_PADDLE = (1, 0, 2, 3)  # [s, b, h, d] -> [b, s, h, d]; its own inverse
 
@@ -48,7 +48,7 @@ def rotary_freqs(seq_len: int, rot_dim: int, interleaved: bool, base: int = 1000
     exponents = np.arange(0, rot_dim, 2, dtype=np.float32) / np.float32(rot_dim)
     # base ** exponent through libm's double pow, rounded once to fp32: numpy's fp32 power is dispatched by CPU
     # (SVML on AVX-512) and gave other angle bits on the GPU machine's host; inputs must not depend on the machine.
-    powers = np.array([math.pow(base, float(e)) for e in exponents], dtype=np.float64).astype(np.float32)
+    powers = round_float64(np.array([math.pow(base, float(e)) for e in exponents], dtype=np.float64), "float32")
     inv_freq = (np.float32(1.0) / powers).astype(np.float32)
     positions = np.arange(seq_len, dtype=np.float32) + np.float32(offset)
     angles = np.outer(positions, inv_freq).astype(np.float32)
@@ -99,4 +99,6 @@ class RopeFamily(OpFamily):
         spec = case.inputs["freqs"]
         seq_len, rot_dim = spec.shape[0], spec.shape[3]
         angles = rotary_freqs(seq_len, rot_dim, options.rotary_interleaved, options.rotary_base, options.position_offset)
-        return angles.astype(to_numpy_dtype(spec.dtype))  # one round-to-nearest-even, as torch's .to(dtype)
+        # One round-to-nearest-even, as torch's .to(dtype); xfalign's own (fp32 -> float64 is exact), as every
+        # input's: ml_dtypes' casts are not to be relied on for input bits.
+        return round_float64(angles, spec.dtype)
