@@ -143,7 +143,7 @@ class Golden:
         env = {side: dict(dump.meta["environment"]) for side, dump in run.dumps.items()}
         # every side's consumed inputs: one side that could not run must not switch the input check off
         inputs = {name: digest for dump in run.dumps.values() for name, digest in dump.input_digests.items()}
-        generators = {dump.generator for dump in run.dumps.values()} - {None}
+        generators = {dump.generator for dump in run.dumps.values() if dump.generator is not None}
         return cls(
             run.case_name, inputs, env,
             {side: dump.digests for side, dump in run.dumps.items()},
