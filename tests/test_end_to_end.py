@@ -126,7 +126,8 @@ def test_crashing_side_exits_3_with_its_error(write_case, tmp_path, capsys):
 
 
 @pytest.mark.slow  # a Megatron worker of its own (~5 s); Paddle's N/A: test_bad_inputs (fast)
-def test_cuda_side_on_a_machine_without_gpu_is_not_available(write_case, tmp_path, capsys):
+def test_cuda_side_on_a_machine_without_gpu_is_not_available(write_case, tmp_path, capsys, hidden_gpu):
+    """The GPU hidden (conftest.hidden_gpu: a pool of its own whose workers start without one), on any machine."""
     path = write_case(CASE.replace("{framework: megatron, mode: compile}", "{framework: megatron, mode: compile, device: cuda}"))
     assert main(["run", str(path), "--side", "megatron", "--dump", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out

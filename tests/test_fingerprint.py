@@ -65,7 +65,9 @@ def test_code_changed_only_when_every_field_is_equal(small_run):
     golden.tensors["paddle"]["out"] = golden.tensors["paddle"]["grad.x"]
     assert check(small_run, golden).environment_changes == []  # all equal: the code changed
     del golden.environment["paddle"]["paddle_cpu_avx512f"]  # an older golden that did not record it
-    assert check(small_run, golden).environment_changes == ["paddle: paddle cpu avx512f not recorded → False"]
+    recorded = small_run.dumps["paddle"].meta["environment"]["paddle_cpu_avx512f"]  # this CPU's: True where it has AVX-512
+    assert isinstance(recorded, bool)
+    assert check(small_run, golden).environment_changes == [f"paddle: paddle cpu avx512f not recorded → {recorded}"]
 
 
 def test_changed_fields_cover_fields_on_either_side():

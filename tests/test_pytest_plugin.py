@@ -1,7 +1,10 @@
 """`pytest cases/` collects YAML cases as test items (the plugin is registered by entry point).
 
 The inner pytest runs in this process (a real pytest session that loads the plugin by its entry point), so
-its cases run on the session's shared workers; test_bad_inputs keeps one run in a fresh process."""
+its cases run on the session's shared workers (the one that needs a machine without a GPU: on workers of its own);
+test_bad_inputs keeps one run in a fresh process."""
+
+from pathlib import Path
 
 from conftest import CASE, REPORT_ONLY
 
@@ -36,8 +39,18 @@ def test_bad_case_is_one_failed_item_with_file_line_field_and_the_others_run(pyt
     assert "Traceback" not in result.stdout.str()
 
 
-def test_cuda_case_is_skipped_without_gpu(pytester):
-    pytester.makefile(".yaml", gpu=REPORT_ONLY.replace("mode: compile}", "mode: compile, device: cuda}"))
+# Both sides torch on cuda (no Paddle needed; one worker, where the GPU is hidden: both sides are N/A).
+CUDA_CASE = REPORT_ONLY.replace("  megatron: {framework: megatron, mode: compile}\n  paddle: {framework: paddle, impl: fp32_island}\n",
+                                "  compiled: {framework: megatron, mode: compile, device: cuda}\n"
+                                "  eager: {framework: megatron, mode: eager, device: cuda}\n")
+
+
+def test_cuda_case_is_skipped_without_gpu(pytester, hidden_gpu):
+    """On a machine without a GPU (the GPU hidden where there is one) a case with a side on cuda is skipped with
+    the reason: the plugin's own where there is no NVIDIA device, else the side's N/A from its worker."""
+    assert "device: cuda" in CUDA_CASE
+    pytester.makefile(".yaml", gpu=CUDA_CASE)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
-    assert "no NVIDIA GPU" in result.stdout.str()
+    reason = "case asks for cuda but torch sees no GPU" if Path("/dev/nvidia0").exists() else "no NVIDIA GPU"
+    assert reason in result.stdout.str()

@@ -10,6 +10,8 @@ import pytest
 from harness.case import load_cases
 from harness.ops import NotAvailable, family_for
 
+from conftest import run_pinned
+
 # torch, paddle and megatron-core are imported when the first test here runs, not when pytest collects the module:
 # a test process (pytest-xdist) that runs none of these tests never imports them. The group keeps this module's
 # tests, and the other in-process framework tests, in one test process.
@@ -17,9 +19,18 @@ pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 torch = paddle = rms_megatron = RmsNormMegatron = RmsNormPaddle = _rsqrt = None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _frameworks():
+def own_process(test):
+    """A test that computes in a pinned process of its own (conftest.run_pinned): it needs no framework here."""
+    test.own_process = True
+    return test
+
+
+@pytest.fixture(autouse=True)
+def _frameworks(request):
+    """Imports the frameworks into this process (once; skipped without them), except for an `own_process` test."""
     global torch, paddle, rms_megatron, RmsNormMegatron, RmsNormPaddle, _rsqrt
+    if getattr(request.function, "own_process", False) or rms_megatron is not None:
+        return
     torch = pytest.importorskip("torch")
     paddle = pytest.importorskip("paddle")
     rms_megatron = pytest.importorskip("harness.ops.rmsnorm.megatron")
@@ -160,13 +171,34 @@ def ulp(a, b):
     return np.abs(ia - ib)
 
 
+RSQRT_ARGUMENTS = (np.random.default_rng(6).random(1 << 16) * 50 + 1e-3).astype(np.float32)
+RSQRT_TWICE_ROUNDED = (np.float32(1.0) / np.sqrt(RSQRT_ARGUMENTS)).astype(np.float32)  # fp32 sqrt, then fp32 1/x
+
+
+@own_process
+def test_torch_cpu_rsqrt_is_one_over_sqrt_rounded_twice_under_the_profile(tmp_path):
+    """torch's CPU rsqrt, as the torch side computes it (the default profile, portable-avx2: MKL in its compatible
+    mode, AVX2 kernels, one thread), is 1/sqrt correctly rounded twice, on any CPU with AVX2. Unpinned it is not
+    portable: on an Intel CPU with AVX-512 it gave other bits (torch's rsqrt goes through MKL's vector math where
+    torch has MKL). So it runs in a process of its own, pinned before torch is imported; Paddle is not needed."""
+    arguments, result = tmp_path / "v.npy", tmp_path / "rsqrt.npy"
+    np.save(arguments, RSQRT_ARGUMENTS)
+    done = run_pinned("""
+        import numpy as np
+        import torch
+        np.save(sys.argv[2], torch.rsqrt(torch.from_numpy(np.load(sys.argv[1]))).numpy())
+        print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
+    """, str(arguments), str(result))
+    assert done.stdout.split() == ["AVX2", "1"]  # the profile's pins took effect
+    found = np.load(result)
+    assert np.array_equal(found, RSQRT_TWICE_ROUNDED), f"{int((found != RSQRT_TWICE_ROUNDED).sum())} of {found.size} differ"
+
+
 def test_rsqrt_helper_is_torch_cpu_rsqrt_bit_for_bit():
-    """torch's CPU rsqrt is 1/sqrt correctly rounded twice; Paddle's fp32 sqrt is not correctly rounded, so the
-    variants take the square root in fp64."""
-    v = (np.random.default_rng(6).random(1 << 16) * 50 + 1e-3).astype(np.float32)
-    expected = (np.float32(1.0) / np.sqrt(v)).astype(np.float32)
-    assert np.array_equal(torch.rsqrt(torch.from_numpy(v)).numpy(), expected)
-    assert np.array_equal(_rsqrt(paddle.to_tensor(v)).numpy(), expected)
+    """The Paddle variants' rsqrt gives the bits of torch's CPU rsqrt (previous test): Paddle's fp32 sqrt is not
+    correctly rounded, so the helper takes the square root in fp64 (elementwise IEEE operations: the same bits
+    on any CPU)."""
+    assert np.array_equal(_rsqrt(paddle.to_tensor(RSQRT_ARGUMENTS)).numpy(), RSQRT_TWICE_ROUNDED)
 
 
 def test_fp32_island_is_torch_given_torchs_mean():
@@ -209,7 +241,7 @@ def test_zero_centered_gamma_adds_one_to_the_weight_on_every_variant():
 @pytest.mark.parametrize("dtype", [BF16, np.float32])
 def test_paddle_kernels_are_not_available_on_cpu_and_never_crash(variant, dtype):
     """Both are NotAvailable on any CPU: rms_norm has no CPU kernel; fused_rms_norm's CPU kernel is fp32
-    forward only (and AVX-512 only: on this AVX2 machine calling it would SIGILL)."""
+    forward only (and AVX-512 only: on a CPU without AVX-512 calling it would SIGILL)."""
     x, weight, _ = inputs(10, (4, 64), dtype)
     with pytest.raises(NotAvailable, match=r"paddle\.(nn|incubate\.nn)\.functional\.(rms_norm|fused_rms_norm)"):
         getattr(RmsNormPaddle, variant)(to_paddle(x), to_paddle(weight), options())

@@ -7,20 +7,25 @@ dump holds (int8, int16, uint8) are checked by S and the statistics against nump
 
 Triton is not installed beside torch (it could change torch.compile's behaviour for the cases):
 scripts/setup.sh puts it into build/tritonsite, and the kernels run in Triton's CPU interpreter
-(TRITON_INTERPRET=1), in a subprocess whose PYTHONPATH puts that folder (or XFALIGN_TRITON_SITE) in front:
+(TRITON_INTERPRET=1), in a subprocess whose PYTHONPATH puts that folder (or XFALIGN_TRITON_SITE) in front;
+where neither exists, the triton the interpreter can import (e.g. the one a CUDA build of torch brings):
 
     python3 -m pip install --no-deps --target build/tritonsite triton==3.7.0
     python3 -m pytest -m slow tests/test_triton_digest.py
 
-Skipped where neither folder exists. On a GPU, scripts/check_fast_digest.py checks the compiled kernels.
+The interpreter needs Triton >= 3.7.0 (TRITON_NEEDED): 3.6.0's fails on these kernels (`InterpreterError ...
+only 0-dimensional arrays`). Skipped, with the reason, where the triton it would use is older or there is none.
+On a GPU, scripts/check_fast_digest.py and tests/test_gpu.py check the compiled kernels.
 Run as a script (what the subprocess does), this file prints one JSON line per case.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +37,27 @@ ROOT = Path(__file__).resolve().parent.parent
 SITE = os.environ.get("XFALIGN_TRITON_SITE", "") or (str(ROOT / "build" / "tritonsite")
                                                      if (ROOT / "build" / "tritonsite" / "triton").is_dir() else "")
 STATS = ("min", "max", "mean", "norm", "nan", "inf")
+TRITON_NEEDED = (3, 7, 0)  # what scripts/setup.sh installs; 3.6.0's interpreter fails on the kernels
+
+
+def triton_used() -> tuple[str | None, str]:
+    """The version of the triton the interpreter's subprocess imports (SITE's, else the importable one; read from
+    its __init__.py, not imported) and where it is; (None, why) where there is none."""
+    if SITE:
+        package = Path(SITE) / "triton"
+    else:
+        spec = importlib.util.find_spec("triton")
+        if spec is None or not spec.origin:
+            return None, ("no build/tritonsite (scripts/setup.sh installs triton 3.7.0 there), XFALIGN_TRITON_SITE "
+                          "is unset and no triton can be imported: the fused kernels run in Triton's interpreter")
+        package = Path(spec.origin).parent
+    init = package / "__init__.py"
+    found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", init.read_text(), re.M) if init.is_file() else None
+    return (found.group(1) if found else None), str(package)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
 def _cases() -> list[tuple[str, Any, Any, int]]:
@@ -179,11 +205,18 @@ def _close(found, expected) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SITE, reason="no build/tritonsite (scripts/setup.sh installs triton there) and XFALIGN_TRITON_SITE "
-                                     "is unset: the fused kernels run in Triton's interpreter from such a folder")
 def test_fused_digest_equals_numpy_in_triton_interpreter():
-    assert (Path(SITE) / "triton").is_dir(), f"no triton in XFALIGN_TRITON_SITE={SITE}"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([SITE, str(ROOT)])}
+    version, where = triton_used()
+    if SITE:
+        assert (Path(SITE) / "triton").is_dir(), f"no triton in XFALIGN_TRITON_SITE={SITE}"
+    if version is None:
+        pytest.skip(where if not SITE else f"cannot read the version of the triton in {where}")
+    needed = ".".join(map(str, TRITON_NEEDED))
+    if _version(version) < TRITON_NEEDED:
+        pytest.skip(f"needs Triton >= {needed} for its interpreter; the one it would use is {version} ({where}), whose "
+                    f"interpreter fails on these kernels: scripts/setup.sh installs triton {needed} into build/tritonsite")
+    path = ([SITE] if SITE else []) + [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
     done = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
