@@ -5,7 +5,7 @@
 Each pair is two tensors of --mib MiB (shape [-1, 4096]). "xfalign compare" is what `xfalign compare`
 does per tensor once a dump's file is loaded (harness.compare.case.compare_dumps on dumps read with
 check_bytes=False): harness.compare.pairs.originate with a digest check of each side
-(harness.digest.StreamCheck, XXH3-128 against the digest recorded when the dump was written), in one
+(harness.digest.StreamCheck, the MD5 and XXH3-128 recorded when the dump was written), in one
 chunked, threaded pass over the data: the digest checks, bitwise and canonical equality, differing /
 signed-zero / NaN / Inf counts, ULP max + index + histogram, max abs and rel error, worst elements and
 the mismatch heatmap grid; then the checks' verdicts. The others: np.array_equal on integer views of the bits,
@@ -126,7 +126,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"2 x {args.mib} MiB per pair, shape [-1, 4096]; {os.cpu_count()} CPUs, load average {load:.2f} at start; "
           f"best of {args.repeat} (assert_array_max_ulp: 1 run)")
-    print("xfalign compare = originate with the XXH3 checks of both arrays against their recorded digests "
+    print("xfalign compare = originate with the MD5 + XXH3 checks of both arrays against their recorded digests "
           "(all metrics, the heatmap and the digest checks in one pass)")
     rows = []
     for label, dtype, fraction in PAIRS:
