@@ -15,12 +15,15 @@ python="$venv/bin/python"
 "$python" -m pip install -q --disable-pip-version-check -r configs/lock-cpu.txt
 "$python" -m pip install -q --disable-pip-version-check --no-deps -e .
 "$python" -m pip check -q >/dev/null
-# PaddleFormers' released LLaMA layers (examples/mlp_alignment/paddleformers_mlp.py): its requirements would
-# replace numpy and ml_dtypes, so the wheel and the few packages its LLaMA modules import go, without their
-# dependencies, into build/paddleformers (found there by the example, after everything installed)
-[ -d build/paddleformers/paddleformers-1.2.0.dist-info ] || "$python" -m pip install -q --no-deps \
-    --target build/paddleformers paddleformers==1.2.0 transformers==5.3.0 huggingface-hub==1.33.0 \
-    tokenizers==0.22.2 colorlog==6.12.0 tqdm==4.70.1 psutil==7.2.2 omegaconf==2.4.0 aistudio-sdk==0.3.9
+# PaddleFormers' released LLaMA layers (examples/mlp_alignment/paddleformers_mlp.py), exactly the versions of
+# configs/paddleformers-cpu.txt, without their dependencies, into build/paddleformers (its requirements would
+# replace numpy and ml_dtypes); made again whenever that file changes
+pins=configs/paddleformers-cpu.txt
+if ! cmp -s "$pins" build/paddleformers/.installed-from.txt; then
+    rm -rf build/paddleformers
+    "$python" -m pip install -q --disable-pip-version-check --no-deps --target build/paddleformers -r "$pins"
+    cp "$pins" build/paddleformers/.installed-from.txt
+fi
 # Triton, for the CPU-interpreter test of the fused GPU digest kernel (tests/test_triton_digest.py), apart from
 # torch's site-packages: torch.compile must not see it
 [ -d build/tritonsite/triton-3.7.0.dist-info ] || "$python" -m pip install -q --no-deps --target build/tritonsite triton==3.7.0

@@ -6,7 +6,7 @@ as `self.mlp`) and its decoder layer, against the megatron-core MLP with no bias
 
 PaddleFormers is not installed into site-packages: its dependencies would replace numpy 2.4.6 with 1.26.4
 and ml_dtypes 0.6.0 with 0.5.4. Its wheel and the few pure-Python packages its LLaMA modules import are
-installed with --no-deps into a folder of their own (scripts/setup.sh; `PADDLEFORMERS_PIP` below), which
+installed with --no-deps into a folder of their own (scripts/setup.sh; configs/paddleformers-cpu.txt), which
 is appended to sys.path: packages already installed keep precedence, torch/paddle/numpy are untouched.
 
 Paddle 3.3.1 has no CPU bf16 kernel for matmul (`linear`), so the released layers run in fp32 here and the
@@ -31,11 +31,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 MAP = HERE / "map_llama.yaml"
 VERSION = "1.2.0"
-# `pip install --no-deps --target build/paddleformers` these (scripts/setup.sh): what its LLaMA modules import;
-# the rest it requires (datasets, librosa, ...) they do not. tokenizers: torch imported after PaddleFormers
-# walks sys.modules (inspect.getmodule), which loads transformers' lazy tokenizer module.
-PADDLEFORMERS_PIP = [f"paddleformers=={VERSION}", "transformers==5.3.0", "huggingface-hub==1.33.0",
-                     "tokenizers==0.22.2", "colorlog==6.12.0", "tqdm==4.70.1", "psutil==7.2.2", "omegaconf==2.4.0", "aistudio-sdk==0.3.9"]
+# `pip install --no-deps --target build/paddleformers -r` this file (scripts/setup.sh): what its LLaMA modules
+# import, pinned; the rest PaddleFormers requires (datasets, librosa, ...) they do not.
+PADDLEFORMERS_REQUIREMENTS = HERE.parent.parent / "configs" / "paddleformers-cpu.txt"
 PATH_VARIABLE = "XFALIGN_PADDLEFORMERS_PATH"
 DEFAULT_PATH = HERE.parent.parent / "build" / "paddleformers"
 sys.path.insert(0, str(HERE))
@@ -60,7 +58,7 @@ def import_llama() -> ModuleType:
             from paddleformers.transformers.llama import modeling
     except ImportError as error:
         raise ImportError(f"PaddleFormers {VERSION} is not importable ({error}); install it with "
-                          f"pip install --no-deps --target {folder} {' '.join(PADDLEFORMERS_PIP)}") from error
+                          f"pip install --no-deps --target {folder} -r {PADDLEFORMERS_REQUIREMENTS}") from error
     if paddleformers.__version__ != VERSION:
         warnings.warn(f"PaddleFormers {paddleformers.__version__} found, the demo was measured with {VERSION}", stacklevel=2)
     return modeling
