@@ -160,6 +160,12 @@ def check_dump_target(path: str | Path, side: str | None = None, label: str = "d
     raise DumpTargetError(f"{where}: exists and is not an xfalign dump (no {META_FILE}); refusing to replace it")
 
 
+def recorded_generator(record: Mapping[str, Any]) -> int | None:
+    """The input generator (harness.inputs.GENERATOR) that a dump's meta or a golden says made its inputs:
+    generated inputs recorded before the version was are version 1; None: no generated inputs (a capture)."""
+    return record.get("generator", 1 if record.get("inputs") else None)
+
+
 def _corrupt(directory: Path, name: str, problem: str) -> IntegrityError:
     """`problem`: what disagrees, as harness.digest.mismatches says it ("bytes do not match the recorded MD5")."""
     return IntegrityError(f"{directory}: tensor {name}: {problem} (corrupt or edited dump)")
@@ -252,8 +258,7 @@ class Dump:
 
     @property
     def generator(self) -> int | None:
-        """The input generator that made the inputs; generated inputs recorded before it was: version 1."""
-        return self.meta.get("generator", 1 if self.meta.get("inputs") else None)
+        return recorded_generator(self.meta)
 
     @property
     def names(self) -> list[str]:

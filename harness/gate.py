@@ -41,7 +41,7 @@ from harness.capture.tree import read_tree
 from harness.compare.findings import GOLDEN, Finding, judged
 from harness.compare.pairs import DigestPair, originate
 from harness.digest import Digest, verify
-from harness.dump import Dump, DumpError, IntegrityError
+from harness.dump import Dump, DumpError, IntegrityError, recorded_generator
 from harness.errors import OutputError, XfalignError, safe_name
 from harness.fingerprint import changed_fields
 from harness.inputs import GENERATOR
@@ -225,8 +225,7 @@ class Golden:
                 {side: entry["environment"] for side, entry in data["sides"].items()},
                 {side: {name: _parse_digest(t) for name, t in entry["tensors"].items()} for side, entry in data["sides"].items()},
                 None,
-                # generated inputs recorded before the generator's version was: version 1
-                generator=data.get("generator", 1 if data["inputs"] else None),
+                generator=recorded_generator(data),
             )
             reference = data["values"]
             version = data["format"]
