@@ -71,6 +71,9 @@ class FieldProblem(Exception):
         self.message = message
 
 
+REFERENCE_SIDE = "exact"  # the side name (and dump folder) of a case's float64 reference
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -197,6 +200,8 @@ class Case(Strict):
         for name in sides:
             if not is_safe_name(name):
                 raise ValueError(f"{name!r} is not a safe side name: {NAME_RULE}")
+            if name == REFERENCE_SIDE:
+                raise ValueError(f"{REFERENCE_SIDE!r} names the float64 reference: name the side otherwise")
         return sides
 
     def to_json(self) -> dict:

@@ -100,13 +100,14 @@ class SideOutput:
 
 
 def execute(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], adapter: FrameworkAdapter,
-            device: str) -> SideOutput:
-    """Forward, backward with the generated upstream gradients, capture."""
+            device: str, impl: Impl | None = None) -> SideOutput:
+    """Forward, backward with the generated upstream gradients, capture. `impl`: run this instead of the
+    side's implementation, in the case's own layout (the float64 reference)."""
     family = family_for(case.op, case.source)
-    impl = load_impl(case, side, adapter)
+    layouts = family.layouts.get(side.framework, {}) if impl is None else {}
+    impl = impl or load_impl(case, side, adapter)
     options = family.options(case).model_dump()
     differentiable = set(family.grad_inputs(case))
-    layouts = family.layouts.get(side.framework, {})
 
     def to_framework(name: str, array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(array, layouts[name])) if name in layouts else array

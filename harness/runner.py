@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import harness
-from harness.case import Case
+from harness.case import REFERENCE_SIDE, Case
 from harness.compare.case import CaseComparison, compare_dumps
 from harness.dump import Dump, DumpError
 from harness.errors import Interrupted, OutputError, SideCrashed, safe_name
 from harness.inputs import generate_inputs, write_inputs
 from harness.numerics import NumericsProfile, environment_class, load_profile
+from harness.ops import family_for, reference_framework
 
 # Per side, from the job's start (for a worker started for that job: from the worker's start, framework
 # import and compilation included); `--timeout` on the command line, else a case's `timeout`, else this.
@@ -474,6 +475,37 @@ def _key(case: Case, side: str, profile: NumericsProfile) -> tuple:
     return (case.sides[side].framework, case.device_of(side), json.dumps(profile.model_dump(mode="json"), sort_keys=True))
 
 
+def _reference_key(case: Case, profile: NumericsProfile) -> tuple:
+    """The worker that computes the case's float64 reference (on its CPU): the worker of a side of the
+    reference's framework where the case has one, so no process is started for it."""
+    framework = reference_framework(case)
+    host = next((side for side, spec in case.sides.items() if spec.framework == framework), None)
+    if host is not None:
+        return _key(case, host, profile)
+    return (framework, "cpu", json.dumps(profile.model_dump(mode="json"), sort_keys=True))
+
+
+NO_REFERENCE_RUN = "the float64 reference was not run (--no-reference)"
+
+
+def _reference_result(job: Future, folder: Path, log: Path) -> tuple[Dump | None, str, dict]:
+    """(the reference's dump, or None and why not, its timings). A reference that fails leaves the case's
+    comparison without an arbiter; it does not fail the case."""
+    while not job.done():
+        wait([job], timeout=0.2)  # short waits: a signal is handled promptly
+    try:
+        record = job.result()
+    except SideCrashed as error:
+        return None, f"the float64 reference crashed: {str(error).splitlines()[0]}", {}
+    if "dump" not in record:
+        why = record.get("error") or record.get("output_error") or "?"
+        return None, f"the float64 reference failed: {str(why).strip().splitlines()[0]}{_tail(log)}", record.get("timings", {})
+    try:
+        return Dump.read(folder, check_bytes=False), "", record.get("timings", {})
+    except DumpError as error:
+        return None, f"the float64 reference wrote a dump that cannot be read back: {error}", record.get("timings", {})
+
+
 def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, dict]:
     """Each side's record. A side that failed (crashed, timed out, raised, could not write its dump)
     raises as soon as it is known, the first in side order among those known; a job of the case not yet
@@ -507,16 +539,17 @@ def _cancel(futures: dict[str, Future]) -> None:
 
 def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int = 1,
              numerics: str | None = None, timeout: float | None = None,
-             max_input_gib: float | None = None, pool: WorkerPool | None = None) -> CaseRun:
+             max_input_gib: float | None = None, pool: WorkerPool | None = None, reference: bool = True) -> CaseRun:
     """Run the sides named in dump_dirs (each dumped there), or both sides into a temporary folder.
     With repeat > 1 each side runs the op that many times in its worker and records every digest.
     `numerics` names a profile that replaces the case's; `timeout` (seconds per side) the case's.
     `pool`: the workers to use (default: the pool made default by `as_default`, else a pool of its own,
-    closed when the case is done)."""
+    closed when the case is done). When both sides run, the family's float64 reference runs too (unless
+    `reference` is False), into dump_dirs["exact"] where given; it arbitrates the comparison."""
     pool = pool or current_pool()
     if pool is None:
         with WorkerPool(jobs=2) as own:
-            return run_case(case, dump_dirs, repeat, numerics, timeout, max_input_gib, own)
+            return run_case(case, dump_dirs, repeat, numerics, timeout, max_input_gib, own, reference)
     started = time.perf_counter()
     profile = profile_of(case, numerics)
     limit = side_timeout(case, timeout)
@@ -525,7 +558,7 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
     except OSError as error:
         raise OutputError(f"cannot create a temporary folder in {pool.workdir}: {error.strerror}") from None
     try:
-        dump_dirs = dump_dirs or {side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)}
+        dump_dirs = dict(dump_dirs or {side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)})
         inputs_file = workdir / "inputs.safetensors"
         try:
             write_inputs(generate_inputs(case, max_input_gib), inputs_file)
@@ -534,27 +567,45 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
         timings: dict = {"inputs": time.perf_counter() - started}
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         futures, logs = {}, {}
-        for index, (side, path) in enumerate(dump_dirs.items()):
+        sides = [side for side in dump_dirs if side != REFERENCE_SIDE]
+        for index, side in enumerate(sides):
             payload = {"case": case.to_json(), "source": case.source, "side": side, "inputs": str(inputs_file),
-                       "dump": str(path), "repeat": repeat, "numerics": profile.model_dump(mode="json"),
+                       "dump": str(dump_dirs[side]), "repeat": repeat, "numerics": profile.model_dump(mode="json"),
                        "profile_env": dict(profile.env), "cwd": os.getcwd(), "env": env}
             logs[side] = workdir / f"output-{index}-{safe_name(side)}.log"
             futures[side] = pool.submit(_key(case, side, profile), side, payload, logs[side], limit)
+        reference_job = None
+        runs_reference = reference and len(sides) == 2 and reference_framework(case) is not None
+        if runs_reference:
+            dump_dirs.setdefault(REFERENCE_SIDE, workdir / "dumps" / REFERENCE_SIDE)
+            key = _reference_key(case, profile)
+            logs[REFERENCE_SIDE] = workdir / "output-reference.log"
+            payload = dict(payload, dump=str(dump_dirs[REFERENCE_SIDE]), reference=key[0], repeat=1)
+            reference_job = pool.submit(key, REFERENCE_SIDE, payload, logs[REFERENCE_SIDE], limit)
         records = _wait_all(futures, logs)
         dumps = {}
-        for side, path in dump_dirs.items():
+        for side in sides:
+            path = dump_dirs[side]
             timings[side] = records[side].get("timings", {})
             try:
                 dumps[side] = Dump.read(path, check_bytes=False)  # verified inside the comparison pass
             except DumpError as error:
                 raise SideCrashed(f"side {side!r} wrote a dump that cannot be read back: {error}") from None
+        exact, exact_missing = None, NO_REFERENCE_RUN
+        if reference_job is not None:
+            exact, exact_missing, timings[REFERENCE_SIDE] = _reference_result(reference_job, dump_dirs[REFERENCE_SIDE],
+                                                                              logs[REFERENCE_SIDE])
+        elif len(dumps) == 2:
+            exact_missing = family_for(case.op, case.source).no_reference
     finally:
+        if reference_job is not None:
+            reference_job.cancel()  # a side failed: the reference is not waited for
         shutil.rmtree(workdir, ignore_errors=True)
     comparison = None
     if len(dumps) == 2:
         compared = time.perf_counter()
         first, second = (dumps[s] for s in case.sides)
-        comparison = compare_dumps(first, second, case.expect)
+        comparison = compare_dumps(first, second, case.expect, exact, exact_missing)
         timings["compare"] = time.perf_counter() - compared
     timings["total"] = time.perf_counter() - started
     with pool._lock:
@@ -565,25 +616,25 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
 
 def run_cases(cases: list[Case], dump_dirs=lambda case: None, repeat: int = 1, numerics: str | None = None,
               timeout: float | None = None, max_input_gib: float | None = None, pool: WorkerPool | None = None,
-              jobs: int | None = None) -> Iterator[tuple[Case, CaseRun | SideCrashed]]:
+              jobs: int | None = None, reference: bool = True) -> Iterator[tuple[Case, CaseRun | SideCrashed]]:
     """Run the cases, up to `jobs` at once (default: the pool's), yielding (case, run) in case order as
     each becomes available; a crashed side is yielded as its SideCrashed, not raised. Any other error
     (bad output path, interrupted run) raises when its case's turn comes."""
     pool = pool or current_pool()
     if pool is None:
         with WorkerPool(jobs=jobs) as own:
-            yield from run_cases(cases, dump_dirs, repeat, numerics, timeout, max_input_gib, own, jobs)
+            yield from run_cases(cases, dump_dirs, repeat, numerics, timeout, max_input_gib, own, jobs, reference)
         return
     parallel = max(1, jobs or pool.jobs)
     for case in cases:  # every framework starts importing at once, before the first inputs are made
-        for side in case.sides if dump_dirs(case) is None else dump_dirs(case):
+        for side in case.sides if dump_dirs(case) is None else [s for s in dump_dirs(case) if s != REFERENCE_SIDE]:
             profile = profile_of(case, numerics)
             pool.prestart(_key(case, side, profile), {"case": case.to_json(), "source": case.source, "side": side,
                                                       "numerics": profile.model_dump(mode="json")})
 
     def one(case: Case):
         try:
-            return run_case(case, dump_dirs(case), repeat, numerics, timeout, max_input_gib, pool)
+            return run_case(case, dump_dirs(case), repeat, numerics, timeout, max_input_gib, pool, reference)
         except SideCrashed as error:
             return error
 

@@ -30,17 +30,19 @@ import warnings
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
-from harness.case import Case
+from harness.case import REFERENCE_SIDE, Case, SideSpec
 from harness.digest import Digest
+from harness.dtypes import FLOAT_DTYPES, dtype_name
 from harness.dump import Dump
 from harness.execute import SideOutput, execute
 from harness.frameworks import FrameworkAdapter, adapter_for
 from harness.inputs import GENERATOR, read_inputs
 from harness.numerics import NumericsProfile, environment_class
-from harness.ops import NotAvailable, family_for
+from harness.ops import NotAvailable, family_for, reference_impl
 
 _WARNINGS = ".*(Transformer Engine|Apex|ccache).*"
 
@@ -69,13 +71,32 @@ def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile,
     return output
 
 
+def run_reference(case: Case, framework: str, arrays: dict, profile: NumericsProfile,
+                  adapter: FrameworkAdapter) -> SideOutput:
+    """The family's float64 reference: every float input widened exactly to float64, run eagerly on the CPU
+    (bits that depend on neither a GPU nor a compiler), forward and backward."""
+    adapter.use_device("cpu")
+    adapter.apply_profile(profile)
+    widened = {name: array.astype(np.float64) if dtype_name(array.dtype) in FLOAT_DTYPES else array
+               for name, array in arrays.items()}
+    with adapter.deterministic(False):
+        output = execute(case, SideSpec(framework=framework, impl="float64"), widened, adapter, "cpu",
+                         impl=reference_impl(case.op, framework, case.source))
+    output.environment = (fingerprint.common(profile.name) | adapter.fingerprint("cpu", profile)
+                          | adapter.runtime_fingerprint("cpu") | {"environment_class": environment_class(profile, ["cpu"])})
+    return output
+
+
 def run_job(job: dict, timings: dict | None = None) -> Path:
-    """One side of one case, its dump written. In a long-lived worker the framework was prepared by
-    `_prepare` (profile variables set before its import); here only the case's mode is set."""
+    """One side of one case (or, with "reference": its float64 reference), its dump written. In a
+    long-lived worker the framework was prepared by `_prepare` (profile variables set before its import);
+    here only the case's mode is set."""
     timings = {} if timings is None else timings
     case = Case(**job["case"], source=job["source"])
-    side = case.sides[job["side"]]
     profile = NumericsProfile(**job["numerics"])
+    if job.get("reference"):
+        return _reference_job(job, case, profile, adapter_for(job["reference"]), timings)
+    side = case.sides[job["side"]]
     adapter = adapter_for(side.framework)
     mode = side.mode or adapter.default_mode
     timings["framework"] = side.framework
@@ -116,6 +137,25 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
     return _write_dump(Dump(meta, output.tensors), job["dump"], timings)
 
 
+def _reference_job(job: dict, case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, timings: dict) -> Path:
+    if not _Prepared.done:
+        adapter.before_import(profile, "eager")
+    adapter.set_mode("eager")
+    warnings.filterwarnings("ignore", message=_WARNINGS)
+    family = family_for(case.op, case.source)
+    framework = job["reference"]
+    meta = {"xfalign": __version__, "case": case.to_json(), "case_name": case.name, "generator": GENERATOR,
+            "side": REFERENCE_SIDE, "framework": framework, "impl": "float64 reference", "mode": "eager",
+            "axes": family.tensor_axes(case), "notes": family.tensor_notes(case)}
+    arrays = read_inputs(Path(job["inputs"]))
+    started = time.perf_counter()
+    output = run_reference(case, framework, arrays, profile, adapter)
+    timings["reference_s"] = time.perf_counter() - started
+    meta |= {"provenance": output.provenance, "environment": output.environment,
+             "inputs": {name: digest.to_json() for name, digest in output.input_digests.items()}, "repeats": {}}
+    return _write_dump(Dump(meta, output.tensors), job["dump"], timings)
+
+
 class DumpWriteFailed(Exception):
     """The dump could not be written (unwritable folder, full disk): an output error, not a crash."""
 
@@ -141,13 +181,13 @@ class _Prepared:
 def _prepare(job: dict) -> dict:
     """First job of a long-lived worker: the profile's variables, then the framework import (timed)."""
     case = Case(**job["case"], source=job["source"])
-    side = case.sides[job["side"]]
+    framework = job.get("reference") or case.sides[job["side"]].framework
     profile = NumericsProfile(**job["numerics"])
-    adapter = adapter_for(side.framework)
+    adapter = adapter_for(framework)
     adapter.before_import(profile, None)
     started = time.perf_counter()
     adapter.import_framework()
-    _Prepared.done, _Prepared.framework = True, side.framework
+    _Prepared.done, _Prepared.framework = True, framework
     return {"import_s": time.perf_counter() - started}
 
 

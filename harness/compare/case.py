@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.case import ExpectSpec
+from harness.compare.arbiter import arbitrate
 from harness.compare.expectations import Expectation
 from harness.compare.findings import Finding
 from harness.compare.pairs import Pair, originate
@@ -71,6 +72,8 @@ class CaseComparison:
     tensors: list[TensorResult]
     inputs: dict[str, Digest]
     unavailable: dict[str, str] = field(default_factory=dict)  # side -> why it could not run here: nothing compared
+    reference: SideInfo | None = None  # the float64 reference that arbitrates, if one ran
+    reference_missing: str | None = None  # why none did
 
     @property
     def status(self) -> str:
@@ -98,11 +101,19 @@ class CaseComparison:
         return next((result for result in self.tensors if not result.pair.bitwise), None)
 
 
-def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseComparison:
-    """`expect`: the case's expectations; by default those the dumps recorded."""
+NO_REFERENCE = "no float64 reference was given"
+
+
+def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None, exact: Dump | None = None,
+                  exact_missing: str = NO_REFERENCE) -> CaseComparison:
+    """`expect`: the case's expectations; by default those the dumps recorded. `exact`: the float64
+    reference's dump (from the same inputs), the arbiter of every float tensor; without one, `exact_missing`
+    says why (shown as N/A)."""
     unavailable = {d.side: d.meta["unavailable"] for d in (a, b) if "unavailable" in d.meta}
     if unavailable:
         return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), [], {}, unavailable)
+    if exact is not None:
+        _check_reference(a, exact)
     if a.generator != b.generator:
         raise InputMismatch(f"sides {a.side!r} and {b.side!r} made their inputs with input generators {a.generator} and "
                             f"{b.generator}: run both sides with one xfalign version")
@@ -119,16 +130,32 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None) -> CaseCom
     a_digests, b_digests = a.digests, b.digests
     axes, notes = a.meta.get("axes", {}), a.meta.get("notes", {})
     checks: tuple[dict[str, StreamCheck], dict[str, StreamCheck]] = ({}, {})
-    pairs = []
+    pairs, values = [], []
     for name in names:
         (xa, ca), (xb, cb) = (_unchecked(dump.tensors, name, found) for dump, found in zip((a, b), checks))
+        values.append((xa, xb))
         stats = (a.unstored.get(name, {}).get("stats"), b.unstored.get(name, {}).get("stats"))
         pair = originate(name, xa, xb, (a_digests.get(name), b_digests.get(name)), (ca, cb), stats)
         pair.axes, pair.note = axes.get(name), notes.get(name)
         pairs.append(pair)
     _settle((a, b), checks)  # nothing found is used before the bytes are known to be the recorded ones
+    sides = (a.side, b.side)
+    for pair, (xa, xb) in zip(pairs, values):
+        reference = exact.tensors[pair.name] if exact is not None and pair.name in exact.tensors else None
+        pair.exact = arbitrate(xa, xb, reference, sides, None if exact is not None else exact_missing, pair.name)
     results = [TensorResult.judge(pair, expect.for_tensor(pair.name)) for pair in pairs]
-    return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), results, a.input_digests)
+    return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), results, a.input_digests,
+                          reference=SideInfo.of(exact) if exact is not None else None,
+                          reference_missing=None if exact is not None else exact_missing)
+
+
+def _check_reference(a: Dump, exact: Dump) -> None:
+    if exact.generator != a.generator or exact.meta["inputs"].keys() != a.meta["inputs"].keys():
+        raise InputMismatch(f"the float64 reference {exact.meta.get('case_name')!r} was not made from side {a.side!r}'s inputs")
+    for name, digest in a.meta["inputs"].items():
+        widened = exact.meta["inputs"][name]
+        if widened["dtype"] != "float64" and widened != digest:  # float inputs are widened: their bits differ
+            raise InputMismatch(f"the float64 reference consumed other {name} than side {a.side!r}")
 
 
 def _unchecked(tensors, name: str, checks: dict[str, StreamCheck]) -> tuple[np.ndarray | None, StreamCheck | None]:

@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     StrictInt,
     Tag,
+    TypeAdapter,
     field_validator,
     model_serializer,
     model_validator,
@@ -44,7 +45,7 @@ class Expectation(BaseModel, ABC):
     @model_validator(mode="before")
     @classmethod
     def _from_word(cls, data: Any) -> Any:
-        return {} if data == cls.key and not cls.model_fields else data
+        return {} if data == getattr(cls, "key", None) and not cls.model_fields else data
 
     @model_serializer
     def _yaml_form(self) -> str | dict:
@@ -123,6 +124,141 @@ class MaxAbs(Tolerance):
         return math.isfinite(pair.stats.max_abs) and pair.stats.max_abs <= self.max_abs
 
 
+# -- against the float64 reference (pair.exact, harness.compare.arbiter) ----------------------------------
+
+Bound = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+UlpBound = Annotated[StrictInt, Field(ge=0)]
+
+
+class ExactExpectation(Expectation):
+    """A property of each side against the float64 reference, not of one side against the other: the
+    sides' differences are reported, never judged; what fails is a side outside its bound, or a bound that
+    cannot be measured ("no-reference": no reference ran, or a side kept no values)."""
+
+    def check(self, pair: Pair) -> list[Finding]:
+        return judged(pair.compare(), True, self.describe()) + self.exact_findings(pair)
+
+    def sides_named(self) -> set[str]:
+        """The case's side names this expectation names (checked against the case's sides)."""
+        return set()
+
+    def _unmeasured(self, pair: Pair, side: str | None = None) -> Finding:
+        reason = pair.exact.why_unmeasured(side) if pair.exact is not None and side else \
+            (pair.exact.missing if pair.exact is not None else None) or "no float64 reference was given"
+        return Finding("no-reference", pair.name, False,
+                       {"expectation": self.describe(), "side": side, "reason": reason}, self.describe())
+
+    @abstractmethod
+    def exact_findings(self, pair: Pair) -> list[Finding]:
+        """A failing finding for each side outside its bound, or that cannot be measured."""
+
+
+class _PerSideBound(ExactExpectation):
+    """`{key: N}`: both sides within N; `{key: {side: N, ...}}`: each named side within its own N."""
+
+    metric: ClassVar[str]  # the ExactError field bounded
+
+    def bounds(self, sides: tuple[str, str]) -> dict[str, float]:
+        value = getattr(self, self.key)
+        return dict(value) if isinstance(value, dict) else dict.fromkeys(sides, value)
+
+    def sides_named(self) -> set[str]:
+        value = getattr(self, self.key)
+        return set(value) if isinstance(value, dict) else set()
+
+    def describe(self) -> str:
+        value = getattr(self, self.key)
+        if isinstance(value, dict):
+            return f"{self.key} " + ", ".join(f"{side} {bound:g}" for side, bound in value.items())
+        return f"{self.key} {value:g}"
+
+    def exact_findings(self, pair: Pair) -> list[Finding]:
+        exact = pair.exact
+        if exact is None or exact.missing:
+            return [self._unmeasured(pair)]
+        findings = []
+        for side, bound in self.bounds(exact.sides).items():
+            error = exact.error_of(side)
+            if error is None:
+                findings.append(self._unmeasured(pair, side))
+                continue
+            measured = self.measure(error)
+            if error.class_mismatch or not measured <= bound:
+                findings.append(Finding("exact-error", pair.name, False,
+                                        {"side": side, "metric": self.metric, "measured": measured, "bound": bound,
+                                         "class_mismatch": error.class_mismatch}, self.describe()))
+        return findings
+
+    def measure(self, error) -> float:
+        return getattr(error, self.metric)
+
+
+class MaxUlpToExact(_PerSideBound):
+    """Elementwise results: each element at most N ULP from the correctly rounded value."""
+
+    key: ClassVar[str] = "max_ulp_to_exact"
+    metric: ClassVar[str] = "max_ulp"
+    max_ulp_to_exact: UlpBound | dict[str, UlpBound]
+
+
+class NormwiseToExact(_PerSideBound):
+    """Reductions and cancellations: ||side - exact||_2 / ||exact||_2 at most N units of the dtype's unit
+    roundoff (where the reference is all zeros: the side is all zeros too)."""
+
+    key: ClassVar[str] = "max_normwise_to_exact"
+    metric: ClassVar[str] = "normwise_u"
+    max_normwise_to_exact: Bound | dict[str, Bound]
+
+    def measure(self, error) -> float:
+        return (0.0 if error.error_norm == 0 else math.inf) if error.normwise_absolute else error.normwise_u
+
+
+class NoWorseSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    side: str
+    factor: float = Field(1.0, ge=1.0, allow_inf_nan=False)
+
+
+class NoWorseThan(ExactExpectation):
+    """`{no_worse_than: S}` or `{no_worse_than: {side: S, factor: F}}`: the other side's normwise error
+    against the reference is at most F (default 1) times side S's, and it has no more NaN/Inf mismatches."""
+
+    key: ClassVar[str] = "no_worse_than"
+    no_worse_than: str | NoWorseSpec
+
+    @property
+    def spec(self) -> NoWorseSpec:
+        value = self.no_worse_than
+        return value if isinstance(value, NoWorseSpec) else NoWorseSpec(side=value)
+
+    def sides_named(self) -> set[str]:
+        return {self.spec.side}
+
+    def describe(self) -> str:
+        spec = self.spec
+        return f"no_worse_than {spec.side}" + (f" x{spec.factor:g}" if spec.factor != 1 else "")
+
+    def exact_findings(self, pair: Pair) -> list[Finding]:
+        exact, spec = pair.exact, self.spec
+        if exact is None or exact.missing:
+            return [self._unmeasured(pair)]
+        other = next(side for side in exact.sides if side != spec.side)
+        mine, theirs = exact.error_of(other), exact.error_of(spec.side)
+        if mine is None or theirs is None:
+            return [self._unmeasured(pair, other if mine is None else spec.side)]
+        if mine.class_mismatch <= theirs.class_mismatch and mine.normwise <= spec.factor * theirs.normwise:
+            return []
+        return [Finding("no-worse-than", pair.name, False,
+                        {"side": other, "than": spec.side, "factor": spec.factor, "normwise_u": mine.normwise_u,
+                         "than_normwise_u": theirs.normwise_u, "class_mismatch": mine.class_mismatch,
+                         "than_class_mismatch": theirs.class_mismatch}, self.describe())]
+
+
+def sides_named(expectation: Expectation) -> set[str]:
+    """The side names an expectation names (none for the kinds that compare the sides with each other)."""
+    return expectation.sides_named() if isinstance(expectation, ExactExpectation | AllOf) else set()
+
+
 def _kind_of(value: Any) -> str | None:
     """The class name of the kind `value` is written as (a pydantic tag), or None."""
     if isinstance(value, Expectation):
@@ -133,22 +269,69 @@ def _kind_of(value: Any) -> str | None:
     if isinstance(value, dict) and len(value) == 1:
         kind = KINDS.get(next(iter(value)))
         return kind.__name__ if kind and kind.model_fields else None
+    if isinstance(value, list):
+        return AllOf.__name__
     return None
 
 
 def spellings() -> list[str]:
     """How each kind is written in YAML (for the case loader's message that refuses anything else)."""
-    return [key if not kind.model_fields else f"{{{key}: N}}" for key, kind in KINDS.items()]
+    return [key if not kind.model_fields else f"{{{key}: N}}" for key, kind in KINDS.items()] + ["a list of these"]
 
 
 def tag_names() -> set[str]:
     """The names pydantic puts in an error's location for the kind it validated (to leave out of field names)."""
-    return {kind.__name__ for kind in KINDS.values()}
+    return {kind.__name__ for kind in KINDS.values()} | {AllOf.__name__}
 
 
 def expectation_type(refusal: str) -> Any:
-    """The pydantic type of a YAML expectation: one of the registered kinds, chosen by its key;
-    `refusal` is the error message for a value that is none of them."""
-    members = tuple(Annotated[kind, Tag(kind.__name__)] for kind in KINDS.values())
+    """The pydantic type of a YAML expectation: one of the registered kinds, chosen by its key, or a list
+    of them (AllOf); `refusal` is the error message for a value that is none of them."""
+    members = tuple(Annotated[kind, Tag(kind.__name__)] for kind in [*KINDS.values(), AllOf])
     return Annotated[Union[members], Discriminator(  # noqa: UP007 (a runtime tuple of members)
         _kind_of, custom_error_type="expectation_type", custom_error_message=refusal)]
+
+
+class AllOf(Expectation):
+    """A YAML list of expectations: at most one of the two sides against each other (bitwise, max_ulp,
+    ...), any number against the reference. Not a kind of its own (no key)."""
+
+    parts: tuple[Any, ...]  # each validated as one kind (expectation_type)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, data: Any) -> Any:
+        return {"parts": data} if isinstance(data, list | tuple) else data
+
+    @model_validator(mode="after")
+    def _one_pairwise(self) -> AllOf:
+        if not self.parts:
+            raise ValueError("an empty list of expectations")
+        if not all(isinstance(part, Expectation) and not isinstance(part, AllOf) for part in self.parts):
+            raise ValueError("each item of a list of expectations is one expectation")
+        pairwise = [part.describe() for part in self.parts if not isinstance(part, ExactExpectation)]
+        if len(pairwise) > 1:
+            raise ValueError(f"at most one expectation of the sides against each other, got {', '.join(pairwise)}")
+        return self
+
+    @model_serializer
+    def _yaml_form(self) -> list:  # type: ignore[override]
+        return [part._yaml_form() for part in self.parts]
+
+    def describe(self) -> str:
+        return ", ".join(part.describe() for part in self.parts)
+
+    def sides_named(self) -> set[str]:
+        return set().union(*(part.sides_named() for part in self.parts if isinstance(part, ExactExpectation)))
+
+    def check(self, pair: Pair) -> list[Finding]:
+        pairwise = next((part for part in self.parts if not isinstance(part, ExactExpectation)), None)
+        findings = pairwise.check(pair) if pairwise else judged(pair.compare(), True, self.describe())
+        return findings + [f for part in self.parts if isinstance(part, ExactExpectation) for f in part.exact_findings(pair)]
+
+    @field_validator("parts", mode="before")
+    @classmethod
+    def _each_a_kind(cls, parts: Any) -> Any:
+        adapter = TypeAdapter(expectation_type("an expectation is " + ", ".join(spellings()[:-1])))
+        return tuple(part if isinstance(part, Expectation) else adapter.validate_python(part) for part in parts)
+

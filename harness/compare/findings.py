@@ -11,12 +11,15 @@ from typing import Any
 # What can be found. From a pair: "missing" (on one side), "dtype", "shape", "float-values",
 # "exact-values", "digest" (digests differ: no values to measure, or values that are not the bytes
 # recorded); from an expectation: "not-applicable" (e.g. max_ulp on bool values), "needs-values" (a
-# tolerance on digests that differ while a side kept no values); from the gate:
+# tolerance on digests that differ while a side kept no values), "exact-error" (a side farther from the
+# float64 reference than its bound), "no-worse-than" (a side farther from it than the other side allows),
+# "no-reference" (a bound against the reference where nothing could be measured); from the gate:
 # "input", "generator" (the golden's inputs were made by another version of the input generator),
 # "nondeterministic", "no-golden", "environment" (a fingerprint field changed since the golden).
 KINDS = ("missing", "dtype", "shape", "float-values", "exact-values", "digest", "not-applicable", "needs-values",
+         "exact-error", "no-worse-than", "no-reference",
          "input", "generator", "nondeterministic", "no-golden", "environment")
-PAIR_KINDS = KINDS[:8]  # what pairs and expectations find about one tensor
+PAIR_KINDS = KINDS[:11]  # what pairs and expectations find about one tensor
 GOLDEN = "golden"  # `expected` of a drift finding: the tensor was held to its golden
 
 

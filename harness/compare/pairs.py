@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from harness.capture.fast_hash import fast64
+from harness.compare.arbiter import ExactComparison
 from harness.compare.findings import Finding
 from harness.compare.heatmap import MismatchMap
 from harness.compare.metrics import ElementStats, element_stats_and_map
@@ -33,6 +34,7 @@ class Pair(ABC):
     b: Digest | None
     axes: list[str] | None = field(default=None, kw_only=True)  # names of the last two axes, where the op knows them
     note: str | None = field(default=None, kw_only=True)  # e.g. the layout it is compared in
+    exact: ExactComparison | None = field(default=None, kw_only=True)  # against the float64 reference, when one ran
 
     @property
     def bitwise(self) -> bool:

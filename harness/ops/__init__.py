@@ -21,6 +21,7 @@ from harness.ops.family import (
     NotAvailable,
     OpFamily,
     code_origin,
+    reference,
     variant,
 )
 from harness.plugins import entry_points
@@ -91,5 +92,25 @@ def framework_impls(op: str, framework: str, case_source: str = "") -> dict[str,
     return implementations.impls()
 
 
+def reference_framework(case) -> str | None:
+    """The framework whose worker computes the case's float64 reference: the first of the case's sides'
+    frameworks the family has a reference for, else the family's first; None when it has none."""
+    declared = family_for(case.op, case.source).reference
+    return next((s.framework for s in case.sides.values() if s.framework in declared), next(iter(declared), None))
+
+
+def reference_impl(op: str, framework: str, case_source: str = "") -> Impl:
+    """The family's float64 reference on `framework` (imports that framework)."""
+    family = family_for(op, case_source)
+    module = sys.modules.get(type(family).__module__) or importlib.import_module(type(family).__module__)
+    target = family.reference[framework]
+    found = load_object(target, module.__file__ or "")
+    if isinstance(found, Impl):
+        return found
+    if callable(found):
+        return Impl(found, f"float64 reference {target} of op family {family.name}")
+    raise TypeError(f"{target} (the float64 reference of op family {family.name}) is not a function")
+
+
 __all__ = ["Impl", "Implementations", "NotAvailable", "OpFamily", "code_origin", "family_for", "framework_impls",
-           "known_families", "load_object", "variant"]
+           "known_families", "load_object", "reference", "reference_framework", "reference_impl", "variant"]

@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from harness.case import Case, FieldProblem
+from harness.compare.expectations import sides_named
 from harness.dtypes import FLOAT_DTYPES
 from harness.errors import validation_problem
 
@@ -41,6 +42,13 @@ class OpFamily(ABC):
     # framework -> {input or output: axis permutation}: what that framework is handed is np.transpose(a, perm);
     # its outputs and gradients come back through the inverse, so all is compared in the case's layout.
     layouts: ClassVar[dict[str, dict[str, tuple[int, ...]]]] = {}
+    # framework -> "package.module:name" (or "file.py:name") of the family's float64 reference, a function
+    # marked @reference(...): the same signature as a variant, handed every float input widened exactly to
+    # float64 (and the upstream gradients likewise), run eagerly on the CPU in that framework's worker. It
+    # follows Megatron's formula (autograd where Megatron uses autograd, its hand-written backward where it
+    # has one). A family without one gets no arbiter: the comparison says so, with no_reference's reason.
+    reference: ClassVar[dict[str, str]] = {}
+    no_reference: ClassVar[str] = "this op family declares no float64 reference"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -150,6 +158,12 @@ class OpFamily(ABC):
         for name in case.expect.tensors:
             if name not in names:
                 raise FieldProblem(("expect", "tensors", name), f"no tensor {name!r}; this case captures {', '.join(names)}")
+        for where, expectation in [(("expect", "all"), case.expect.all),
+                                   *((("expect", "tensors", n), e) for n, e in case.expect.tensors.items())]:
+            unknown = sorted(sides_named(expectation) - set(case.sides))
+            if unknown:
+                raise FieldProblem(where, f"{expectation.describe()} names side {unknown[0]!r}; the sides are "
+                                          f"{', '.join(case.sides)}")
 
     def layouts_of(self, case: Case) -> dict[str, tuple[int, ...]]:
         """Every permuted tensor of the case's sides, by name (for shape checks)."""
@@ -181,6 +195,15 @@ class Impl:
             if origin and origin not in origins:
                 origins.append(origin)
         return "; ".join([text, *origins])
+
+
+def reference(provenance: str | Callable[[dict], str], source: Callable[[dict], Any] | None = None):
+    """Marks a module-level function as an op family's float64 reference (named in `OpFamily.reference`)."""
+
+    def mark(fn: Callable) -> Impl:
+        return Impl(fn, provenance, source)
+
+    return mark
 
 
 def _unset(*args, **options):

@@ -47,6 +47,7 @@ class SwigluFamily(OpFamily):
     variants = {"megatron": ("megatron",), "paddle": ("fp32_island", "per_op_rounding", "fleet_cpu_fallback")}
     implementations = {"megatron": "harness.ops.swiglu.megatron:SwigluMegatron",
                        "paddle": "harness.ops.swiglu.paddle:SwigluPaddle"}
+    reference = {"megatron": "harness.ops.swiglu.megatron:swiglu_reference"}
     signature = ("x", "bias", "probs")
     working_inputs = ("x", "bias", "grad_out")
 

@@ -14,13 +14,18 @@ from megatron.core.jit import (
     jit_fuser,  # torch.compile, as Megatron binds it (eager under TORCHDYNAMO_DISABLE)
 )
 
-from harness.ops.family import Implementations, variant
+from harness.ops.family import Implementations, reference, variant
 from harness.ops.swiglu import SwigluFamily
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """fp32 as the dev branch computes, except a float64 tensor (the float64 reference) stays float64."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 @jit_fuser
 def clamped_swiglu(y: torch.Tensor, limit: float) -> torch.Tensor:
-    y1, y2 = torch.chunk(y.float(), 2, -1)
+    y1, y2 = torch.chunk(_wide(y), 2, -1)
     return (F.silu(y1.clamp(max=limit)) * y2.clamp(-limit, limit)).to(y.dtype)
 
 
@@ -31,8 +36,8 @@ def weighted_clamped_swiglu(y: torch.Tensor, weights: torch.Tensor, limit: float
 
 @jit_fuser
 def clamped_swiglu_back(g: torch.Tensor, y: torch.Tensor, limit: float) -> torch.Tensor:
-    y1, y2 = torch.chunk(y.float(), 2, -1)
-    g = g.float()
+    y1, y2 = torch.chunk(_wide(y), 2, -1)
+    g = _wide(g)
     y1c, y2c = y1.clamp(max=limit), y2.clamp(-limit, limit)
     sig = torch.sigmoid(y1c)
     gate_grad = g * sig * (1 + y1c * (1 - sig)) * y2c * (y1 <= limit).to(g.dtype)
@@ -92,3 +97,8 @@ class SwigluMegatron(Implementations, family=SwigluFamily, framework="megatron")
         if probs is not None:
             return weighted_bias_swiglu_impl(x, None, probs)
         return bias_swiglu_impl(x, bias)
+
+
+@reference(provenance=lambda options: f"float64 reference: {_provenance(options)}, run eagerly on float64 tensors")
+def swiglu_reference(x, bias, probs, options):
+    return SwigluMegatron.megatron(x, bias, probs, options)

@@ -1,0 +1,65 @@
+"""The float64 reference as arbiter of a tensor pair: each side's error against the exact result, and which
+side is closer, element by element (harness.compare.exact measures; this module decides what can be measured)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.compare.exact import Closeness, ExactError, closer, error_to_exact
+from harness.dtypes import FLOAT_DTYPES, dtype_name
+
+
+@dataclass(frozen=True)
+class ExactComparison:
+    """One tensor of both sides against the reference. `missing`: why there is no arbiter (N/A), else None;
+    a side's error is None where that side has no values to measure (the reason in `unmeasured`)."""
+
+    sides: tuple[str, str]
+    a: ExactError | None = None
+    b: ExactError | None = None
+    closeness: Closeness | None = None
+    missing: str | None = None
+    unmeasured: tuple[str | None, str | None] = (None, None)
+
+    def error_of(self, side: str) -> ExactError | None:
+        return self.a if side == self.sides[0] else self.b if side == self.sides[1] else None
+
+    def why_unmeasured(self, side: str) -> str:
+        if self.missing:
+            return self.missing
+        return (self.unmeasured[self.sides.index(side)] if side in self.sides else None) or "no values"
+
+    def to_json(self) -> dict:
+        return {"sides": list(self.sides), "missing": self.missing,
+                "a": self.a.to_json() if self.a else None, "b": self.b.to_json() if self.b else None,
+                "closeness": self.closeness.to_json() if self.closeness else None,
+                "unmeasured": list(self.unmeasured)}
+
+
+def _unmeasurable(array: np.ndarray | None, exact: np.ndarray) -> str | None:
+    if array is None:
+        return "this side kept no values of it"
+    if dtype_name(array.dtype) not in FLOAT_DTYPES:
+        return f"{dtype_name(array.dtype)} values have no rounding error"
+    if array.shape != exact.shape:
+        return f"its shape {list(array.shape)} is not the reference's {list(exact.shape)}"
+    return None
+
+
+def arbitrate(a: np.ndarray | None, b: np.ndarray | None, exact: np.ndarray | None, sides: tuple[str, str],
+              missing: str | None = None, name: str = "") -> ExactComparison:
+    """Both sides of one tensor against the reference's values of it (`exact`, or None with `missing` saying why)."""
+    if missing:
+        return ExactComparison(sides, missing=missing)
+    if exact is None:
+        return ExactComparison(sides, missing=f"the float64 reference computed no {name}")
+    if dtype_name(exact.dtype) not in FLOAT_DTYPES:
+        return ExactComparison(sides, missing=f"{name} is not a float tensor")
+    reference = exact.astype(np.float64, copy=False)
+    why = (_unmeasurable(a, reference), _unmeasurable(b, reference))
+    errors = [error_to_exact(side, reference) if reason is None and side is not None else None
+              for side, reason in zip((a, b), why)]
+    both = errors[0] is not None and errors[1] is not None
+    return ExactComparison(sides, errors[0], errors[1], closer(a, b, reference) if both else None, None, why)
