@@ -211,6 +211,20 @@ class Case(Strict):
         return self.sides[side].device or self.device
 
 
+SEED_STRIDE = 1000  # reseeded(case, k) shifts every seed by k * SEED_STRIDE
+
+
+def reseeded(case: Case, k: int) -> Case:
+    """The case with every seed (the case's and each input's own) shifted by k * SEED_STRIDE, named as a
+    sweep point of `seed` (for `xfalign run --seeds N`: the same case on other inputs)."""
+    shift = k * SEED_STRIDE
+    inputs = {name: spec.model_copy(update={"seed": spec.seed + shift}) if spec.seed is not None else spec
+              for name, spec in case.inputs.items()}
+    seed = case.seed + shift
+    name = f"{case.name[:-1]},seed={seed}]" if case.name.endswith("]") else f"{case.name}[seed={seed}]"
+    return case.model_copy(update={"seed": seed, "inputs": inputs, "name": name, "sweep_of": case.sweep_of or case.name})
+
+
 MAX_CASE_BYTES = 1 << 20  # a case file is text a person writes
 MAX_YAML_DEPTH = 32  # nesting levels of mappings and lists
 MAX_READABLE_DEPTH = 100  # beyond this a file is refused before its nodes are built

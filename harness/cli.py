@@ -29,12 +29,13 @@ from harness import __version__
 from harness.atomic import write_text_atomic
 from harness.capture.compare import compare_trees
 from harness.capture.tree import is_tree, read_tree
-from harness.case import load_cases
+from harness.case import REFERENCE_SIDE, load_cases, reseeded
 from harness.compare.case import compare_dumps
 from harness.dump import Dump, DumpError, check_dump_target
 from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
 from harness.gate import Golden, baseline_dir, check, describe_update, gate_tree, missing_class_message
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, check_input_size
+from harness.ops import reference_framework
 from harness.reports.html import write_reports, write_tree_report
 from harness.reports.json_report import write_json, write_tree_json
 from harness.reports.terminal import (
@@ -88,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     run.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                       help="run up to N cases at once (default: the number of cores, here %(default)s)")
+    run.add_argument("--seeds", type=int, default=0, metavar="N",
+                     help="run each case with N seeds other than its own instead (expectations that state properties hold for any seed)")
+    run.add_argument("--no-reference", action="store_true", help="do not compute the float64 reference (no arbiter)")
     run.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
                       help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
     gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
@@ -104,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     gate.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                       help="run up to N cases at once (default: the number of cores, here %(default)s)")
+    gate.add_argument("--no-reference", action="store_true", help="do not compute the float64 reference (no arbiter)")
     gate.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
                       help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
     compare = commands.add_parser("compare", help="compare two dumps, or two capture trees, made anywhere")
@@ -139,6 +144,8 @@ def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
     if args.dump:
         root = args.dump / safe_name(case.name) if several else args.dump
         folders = {side: root / safe_name(side) for side in case.sides}
+        if not getattr(args, "no_reference", False) and reference_framework(case) is not None:
+            folders[REFERENCE_SIDE] = root / REFERENCE_SIDE
         if len(set(folders.values())) < len(folders):
             raise UsageError(f"{case.source}: sides {' and '.join(repr(s) for s in case.sides)} would be dumped to one folder "
                              f"{folders[next(iter(case.sides))]}; rename one")
@@ -318,7 +325,8 @@ def _run_each(cases, console: Console, crashed: list[str], args, dump_dirs=lambd
     otherwise (several cases only)."""
     with _pool(args) as pool, CaseProgress(console, [case.name for case in cases]) as progress:
         runs = run_cases(cases, dump_dirs, repeat=args.repeat, numerics=args.numerics, timeout=args.timeout,
-                         max_input_gib=args.max_input_gib, pool=pool, jobs=args.jobs)
+                         max_input_gib=args.max_input_gib, pool=pool, jobs=args.jobs,
+                         reference=not getattr(args, "no_reference", False))
         for case, run in runs:
             progress.advance(case.name)
             if isinstance(run, SideCrashed):
@@ -331,6 +339,10 @@ def _run_each(cases, console: Console, crashed: list[str], args, dump_dirs=lambd
 def cmd_run(args, console: Console) -> int:
     _check_run_options(args)
     cases = _load_all(args.cases, args.max_input_gib)
+    if args.seeds:
+        if args.seeds < 0 or args.side:
+            raise UsageError("--seeds takes a positive N and runs both sides")
+        cases = [reseeded(case, k) for case in cases for k in range(1, args.seeds + 1)]
     plan = _plan_dumps(cases, args)
     _check_dumps(plan)
     if not args.side:  # one side: nothing compared, no report written
