@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from urllib.parse import quote
 
@@ -24,6 +25,7 @@ from harness.reports.text import (
     abs_text,
     call_text,
     classes_text,
+    closer_text,
     details_left_out_text,
     divergence_text,
     dtype_text,
@@ -35,11 +37,13 @@ from harness.reports.text import (
     nondeterministic_text,
     note_text,
     phase_text,
+    reference_text,
     rel_text,
     slot_text,
     status_label,
     step_summary_text,
     summary_text,
+    to_exact_text,
     tree_side_text,
     tree_title,
     tree_verdict_text,
@@ -82,6 +86,8 @@ def _tensor_view(result: TensorResult, first_divergent: str | None) -> dict:
         "first_divergent": pair.name == first_divergent, "stats": None,
         "note": pair.note and note_text(pair.name, pair.note), "classes": classes_text(pair),
     }
+    view["to_exact"], view["closer"] = _exact_view(pair), closer_text(pair)
+    view["to_exact_short"] = to_exact_text(pair)
     values = pair.values
     if values is None:
         return view
@@ -115,6 +121,30 @@ def _tensor_view(result: TensorResult, first_divergent: str | None) -> dict:
     return view
 
 
+def _exact_view(pair) -> dict | None:
+    """Each side against the float64 reference, in full; None without a reference (the reason is the case's)."""
+    exact = pair.exact
+    if exact is None or exact.missing:
+        return None
+    shape = tuple(pair.digest.shape)
+    rows = []
+    for label, side, error in (("A", exact.sides[0], exact.a), ("B", exact.sides[1], exact.b)):
+        if error is None:
+            rows.append({"label": label, "side": side, "unmeasured": exact.why_unmeasured(side)})
+            continue
+        rows.append({"label": label, "side": side, "unmeasured": None, "max_ulp": f"{error.max_ulp:,}",
+                     "max_ulp_at": _index(error.max_ulp_flat_index, shape), "mean_ulp": f"{error.mean_ulp:.3g}",
+                     "histogram": [(bucket, f"{count:,}") for bucket, count in error.ulp_histogram.items()],
+                     "normwise": f"{error.normwise:.3g}" + (" (absolute: exact is all zeros)" if error.normwise_absolute else ""),
+                     "normwise_u": "-" if error.normwise_absolute else f"{error.normwise_u:.3g}",
+                     "class_mismatch": f"{error.class_mismatch:,}", "dtype": error.dtype, "u": f"2^{int(math.log2(error.unit_roundoff))}"})
+    c = exact.closeness
+    closeness = None if c is None else {
+        "a": f"{c.a_closer:,} ({c.a_share:.1%})", "b": f"{c.b_closer:,} ({c.b_share:.1%})",
+        "ties": f"{c.ties:,} ({c.tie_share:.1%})", "identical": f"{c.identical:,}"}
+    return {"rows": rows, "closeness": closeness, "buckets": list(ULP_BUCKETS)}
+
+
 def _finding_lines(result: TensorResult) -> list[dict]:
     """What fails the tensor, and its structural differences that only are reported (the numbers are in the table)."""
     failing = [f for f in result.findings if not f.passed]
@@ -133,7 +163,10 @@ def case_view(comparison: CaseComparison) -> dict:
                       "nondeterministic": [nondeterministic_text(side.name, name, distinct)
                                            for name, distinct in side.nondeterministic.items()],
                       "environment": {k: v for k, v in side.environment.items() if v not in (None, {}, "")}})
+    reference = comparison.reference
+    arbiter = {"text": reference_text(comparison), "provenance": reference.provenance if reference else None}
     return {
+        "arbiter": arbiter,
         "name": comparison.case_name, "status": comparison.status, "label": status_label(comparison.status),
         "status_class": STATUS_CLASSES[comparison.status], "summary": summary_text(comparison),
         "verdict": verdict_text(comparison),

@@ -12,6 +12,10 @@ tree lacks, the first divergent tensor with its module, and per step A's records
 (forward, backward, parameters and gradients), each naming its tensors (their details are in "cases").
 An addition: readers of /2 that do not know "tree" read the cases as before. A tensor whose side kept
 only digests has "pair": "DigestPair" and "stats": null.
+Another addition: per case "reference" (the float64 reference that arbitrates, as a side) and
+"reference_missing" (why there is none, else null); per tensor "to_exact": each side's error against it
+(harness.compare.exact.ExactError: max/mean ULP to the correctly rounded value, histogram, normwise error and
+in units of the dtype's unit roundoff), "closeness" (elements where A, B is closer, ties) and "missing".
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from harness.capture.compare import Divergence, TreeComparison
 from harness.compare.case import CaseComparison, TensorResult
 from harness.compare.pairs import FloatPair
 from harness.reports.text import (
+    closer_text,
     divergence_text,
     expectation_text,
     finding_text,
@@ -78,6 +83,8 @@ def _tensor(result: TensorResult) -> dict:
         "note": pair.note,
         "axes": pair.axes,
         "stats": _stats(result),
+        "to_exact": pair.exact.to_json() if pair.exact is not None else None,
+        "closer": closer_text(pair),
     }
 
 
@@ -92,6 +99,8 @@ def comparison_json(comparison: CaseComparison) -> dict:
         "verdict": verdict_text(comparison),
         "first_divergent": first and first.name,
         "sides": {"a": dataclasses.asdict(comparison.a), "b": dataclasses.asdict(comparison.b)},
+        "reference": comparison.reference and dataclasses.asdict(comparison.reference),
+        "reference_missing": comparison.reference_missing,
         "inputs": {name: d.to_json() for name, d in comparison.inputs.items()},
         "tensors": [_tensor(result) for result in comparison.tensors],
     }

@@ -20,6 +20,7 @@ from harness.reports.text import (
     abs_text,
     call_text,
     classes_text,
+    closer_text,
     differing_text,
     divergence_text,
     dtype_text,
@@ -36,12 +37,14 @@ from harness.reports.text import (
     nondeterministic_text,
     note_text,
     phase_text,
+    reference_text,
     side_dumped_text,
     side_text,
     side_unavailable_text,
     slot_text,
     status_label,
     step_summary_text,
+    to_exact_text,
     tree_gate_pass_text,
     tree_side_text,
     tree_verdict_text,
@@ -51,7 +54,8 @@ from harness.reports.text import (
 )
 
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "n/a": "bold yellow"}
-_JUSTIFY: tuple[JustifyMethod, ...] = ("left",) * 5 + ("center",) + ("right",) * 4 + ("left", "center")  # per column of TABLE_COLUMNS
+# per column of TABLE_COLUMNS
+_JUSTIFY: tuple[JustifyMethod, ...] = ("left",) * 5 + ("center",) + ("right",) * 4 + ("left",) * 3 + ("center",)
 MAX_FAILURE_LINES = 20  # per step: a divergence early in a model makes every later tensor fail
 STRUCTURAL = ("missing", "dtype", "shape", "not-applicable")  # findings listed under the table, and marked in it
 
@@ -84,6 +88,8 @@ def comparison_table(comparison: CaseComparison) -> Table:
             classes_text(pair),
             ulp_text(pair),
             abs_text(pair),
+            to_exact_text(pair),
+            closer_text(pair),
             expectation_text(result),
             Text(yes_no(result.holds, "NO"), "green" if result.holds else "bold red"),
         ]
@@ -114,6 +120,8 @@ def print_side_dump(case_name: str, side: str, dump: Dump, path, console: Consol
 def print_comparison(comparison: CaseComparison, console: Console) -> None:
     console.print(_side_line("A", comparison.a))
     console.print(_side_line("B", comparison.b))
+    if comparison.status != "n/a":
+        _plain(console, reference_text(comparison))
     if comparison.status != "n/a":
         console.print(comparison_table(comparison))
     for side in (comparison.a, comparison.b):

@@ -21,7 +21,7 @@ GATE_LABELS = {True: "GATE PASS", False: "GATE FAIL"}  # by whether the gate pas
 NOT_MEASURED = "-"  # a number that does not apply (no stats, an exact dtype, only NaN/Inf mismatches)
 NAN_INF = "NaN/Inf"  # a worst element's distance when it is a NaN/Inf class mismatch
 TABLE_COLUMNS = ("tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "differing", "NaN/Inf", "max ULP",
-                 "max abs", "expect", "holds")
+                 "max abs", "exact A|B ULP/u", "closer", "expect", "holds")
 HEATMAP_AXES = ("leading dims flattened", "last dim")  # where the op does not name its last two axes
 GOLDEN_HEADER = "# xfalign golden. Update: xfalign gate CASE --baseline DIR --update\n"
 TREE_GOLDEN_HEADER = "# xfalign golden of a capture step. Update: xfalign gate --tree TREE --baseline DIR --update\n"
@@ -57,6 +57,72 @@ def _measured(pair: Pair):
 def ulp_text(pair: Pair) -> str:
     stats = _measured(pair)
     return NOT_MEASURED if stats is None else str(stats.max_ulp)
+
+
+def exact_error_text(error, compact: bool = False) -> str:
+    """A side against the float64 reference: "1 ULP, 0.43u" (max ULP to the correctly rounded value, normwise
+    error in units of the dtype's unit roundoff; "abs" where the reference is all zeros), compactly "1/0.43"."""
+    if error is None:
+        return NOT_MEASURED
+    mismatched = f"+{error.class_mismatch:,}nan" if error.class_mismatch else ""
+    if compact:
+        normwise = f"{error.normwise:.2g}abs" if error.normwise_absolute else f"{error.normwise_u:.2g}"
+        return f"{error.max_ulp:,}/{normwise}{mismatched}"
+    normwise = f"{error.normwise:.3g} abs" if error.normwise_absolute else f"{error.normwise_u:.3g}u"
+    return f"{error.max_ulp:,} ULP, {normwise}" + (f", {error.class_mismatch:,} NaN/Inf" if error.class_mismatch else "")
+
+
+def to_exact_text(pair: Pair) -> str:
+    exact = pair.exact
+    if exact is None or exact.missing:
+        return "n/a"
+    return f"{exact_error_text(exact.a, True)} | {exact_error_text(exact.b, True)}"
+
+
+def closer_text(pair: Pair) -> str:
+    """Which side is closer to exact, element by element: "=" (identical), "tie", or the shares, e.g. "A 76%, B 19%"."""
+    closeness = pair.exact.closeness if pair.exact is not None else None
+    if closeness is None:
+        return "n/a"
+    if closeness.identical == closeness.elements:
+        return "="
+    if not closeness.a_closer and not closeness.b_closer:
+        return "tie"
+    shares = sorted([("A", closeness.a_closer, closeness.a_share), ("B", closeness.b_closer, closeness.b_share)],
+                    key=lambda item: -item[1])
+    return " ".join(f"{label} {_share(count, share)}" for label, count, share in shares if count)
+
+
+def _share(count: int, share: float) -> str:
+    percent = f"{share:.0%}"
+    return f"{count:,}" if percent == "0%" else percent
+
+
+def reference_text(comparison: CaseComparison) -> str:
+    """The arbiter in one line: the float64 reference, or why there is none."""
+    if comparison.reference is not None:
+        return f"exact: float64 reference ({comparison.reference.impl}, {comparison.reference.framework} worker, CPU, eager)"
+    return f"exact: n/a ({comparison.reference_missing or 'no float64 reference was given'})"
+
+
+def _metric_text(metric: str, value: float) -> str:
+    return f"{value:,.0f} ULP" if metric == "max_ulp" else f"{value:.3g}u normwise"
+
+
+def _exact_error(d: dict) -> str:
+    text = f"side {d['side']} is {_metric_text(d['metric'], d['measured'])} from exact (bound {_metric_text(d['metric'], d['bound'])})"
+    if d.get("class_mismatch"):
+        text += f"; {d['class_mismatch']:,} elements NaN/Inf where exact is not, or the reverse"
+    return text
+
+
+def _no_worse(d: dict) -> str:
+    factor = f"{d['factor']:g}x " if d["factor"] != 1 else ""
+    text = (f"side {d['side']} is {d['normwise_u']:.3g}u normwise from exact, more than {factor}side {d['than']}'s "
+            f"{d['than_normwise_u']:.3g}u")
+    if d["class_mismatch"] > d["than_class_mismatch"]:
+        text += f"; {d['class_mismatch']:,} NaN/Inf mismatches against {d['than_class_mismatch']:,}"
+    return text
 
 
 def error_text(value: float | None, digits: int = 3) -> str:
@@ -174,6 +240,10 @@ _DETAILS: dict[str, Callable[[dict], str]] = {
     "needs-values": lambda d: f"{d['expectation']} needs full tensors: side {' and '.join(d['sides'])} recorded "
                               "digests only (capture this module in full: compare --refetch FILE, then "
                               "capture(..., mode=\"digests-then-full\", refetch=FILE))",
+    "exact-error": _exact_error,
+    "no-worse-than": _no_worse,
+    "no-reference": lambda d: f"{d['expectation']} cannot be judged" + (f" for side {d['side']}" if d.get("side") else "")
+                              + f": {d['reason']}",
     "input": lambda d: f"{_digest(d['golden'])} → {_digest(d['now'])}",
     "generator": lambda d: (f"inputs made by generator {d['golden']}, this run uses {d['now']}: update the goldens "
                             "(xfalign gate ... --update); the tensors were not compared with them"),
