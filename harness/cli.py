@@ -118,6 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--refetch", type=Path, metavar="FILE",
                          help="trees: write per side the modules whose tensors differ (YAML), for "
                               "capture(..., mode=\"digests-then-full\", refetch=FILE)")
+    compare.add_argument("--exact", type=Path, metavar="DIR",
+                         help="two dumps: the float64 reference's dump of the same case (`run --dump` writes it to DIR/exact)")
     compare.add_argument("--json", type=Path, help="write the full comparison as JSON")
     compare.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     gate.add_argument("--tree", type=Path, help="gate a capture tree instead of cases: a golden per step (digests)")
@@ -426,11 +428,17 @@ def cmd_compare(args, console: Console) -> int:
         if not all(trees):
             tree, other = (args.dump_a, args.dump_b) if trees[0] else (args.dump_b, args.dump_a)
             raise UsageError(f"{tree} is a capture tree but {other} is not: compare two trees or two dumps")
+        if args.exact:
+            raise UsageError("--exact goes with two dumps of a case, not capture trees (replay runs modules in float64)")
         return cmd_compare_trees(args, console)
     if args.map or args.refetch:
         raise UsageError(f"{'--map' if args.map else '--refetch'} goes with two capture trees (folders with capture.json)")
     _check_reports(args)
-    comparison = compare_dumps(Dump.read(args.dump_a, check_bytes=False), Dump.read(args.dump_b, check_bytes=False))
+    if args.exact is not None and is_tree(args.exact):
+        raise UsageError(f"--exact {args.exact} is a capture tree: it takes the float64 reference's dump of the same case")
+    exact = Dump.read(args.exact, check_bytes=False) if args.exact is not None else None
+    comparison = compare_dumps(Dump.read(args.dump_a, check_bytes=False), Dump.read(args.dump_b, check_bytes=False),
+                               exact=exact, exact_missing="no float64 reference was given (compare A B --exact DIR)")
     print_comparison(comparison, console)
     _write_outputs(args, [comparison], console)
     return EXIT_OK if comparison.passed else EXIT_FAILED

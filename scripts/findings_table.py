@@ -4,7 +4,9 @@
     python scripts/findings_table.py reports/findings.json > findings.md
 
 One row per case point: the two sides, then per tensor "bitwise" or what differs (elements, max ULP, the
-elements that differ only in the sign of zero, max abs), a shape or dtype mismatch, or why a side is N/A.
+elements that differ only in the sign of zero, max abs), a shape or dtype mismatch, or why a side is N/A;
+then "closer to exact": per differing float tensor, each side's max ULP to the correctly rounded float64
+result and normwise error (in units of u), and which side is closer (by normwise error; "tie" where equal).
 """
 
 from __future__ import annotations
@@ -37,16 +39,34 @@ def tensor_text(tensor: dict) -> str:
     return text
 
 
+def closer_text(tensor: dict) -> str | None:
+    """'name: A 1 ULP/0.43u, B 3 ULP/9.3u -> A' for a differing float tensor the reference measured, else None."""
+    exact = tensor.get("to_exact") or {}
+    a, b = exact.get("a"), exact.get("b")
+    if tensor["bitwise"] or not a or not b:
+        return None
+    closer = "A" if a["normwise"] < b["normwise"] else "B" if b["normwise"] < a["normwise"] else "tie"
+
+    def side(error: dict) -> str:
+        normwise = f"{error['normwise']:.2g} abs" if error["normwise_absolute"] else f"{error['normwise_u']:.2g}u"
+        return f"{error['max_ulp']:,} ULP/{normwise}"
+
+    return f"{tensor['name']}: A {side(a)}, B {side(b)} → {closer}"
+
+
 def rows(result: dict) -> list[str]:
-    lines = ["| case point | A vs B | result |", "|---|---|---|"]
+    lines = ["| case point | A vs B | result | closer to exact |", "|---|---|---|---|"]
     for case in result["cases"]:
         sides = case["sides"]
         pair = f"{side_label(sides['a'])} vs {side_label(sides['b'])}"
         if case.get("unavailable"):
             reasons = "; ".join(f"{side}: {reason}" for side, reason in case["unavailable"].items())
-            lines.append(f"| `{case['case']}` | {pair} | N/A: {reasons} |")
+            lines.append(f"| `{case['case']}` | {pair} | N/A: {reasons} | |")
             continue
-        lines.append(f"| `{case['case']}` | {pair} | {'; '.join(tensor_text(t) for t in case['tensors'])} |")
+        exact = [text for text in map(closer_text, case["tensors"]) if text]
+        if not exact:
+            exact = ["n/a: " + case["reference_missing"]] if case.get("reference_missing") else ["all bitwise"]
+        lines.append(f"| `{case['case']}` | {pair} | {'; '.join(tensor_text(t) for t in case['tensors'])} | {'; '.join(exact)} |")
     return lines
 
 

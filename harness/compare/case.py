@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.case import ExpectSpec
+from harness.case import REFERENCE_SIDE, ExpectSpec
 from harness.compare.arbiter import arbitrate
 from harness.compare.expectations import Expectation
 from harness.compare.findings import Finding
@@ -150,12 +150,14 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None, exact: Dum
 
 
 def _check_reference(a: Dump, exact: Dump) -> None:
-    if exact.generator != a.generator or exact.meta["inputs"].keys() != a.meta["inputs"].keys():
-        raise InputMismatch(f"the float64 reference {exact.meta.get('case_name')!r} was not made from side {a.side!r}'s inputs")
-    for name, digest in a.meta["inputs"].items():
-        widened = exact.meta["inputs"][name]
-        if widened["dtype"] != "float64" and widened != digest:  # float inputs are widened: their bits differ
-            raise InputMismatch(f"the float64 reference consumed other {name} than side {a.side!r}")
+    """The reference must be the float64 reference of this case, made from the same inputs."""
+    if exact.side != REFERENCE_SIDE:
+        raise InputMismatch(f"the dump given as the float64 reference is side {exact.side!r}'s, not a reference's "
+                            f"(side {REFERENCE_SIDE!r})")
+    if exact.meta["case_name"] != a.meta["case_name"] or exact.generator != a.generator \
+            or exact.meta["inputs"] != a.meta["inputs"]:
+        raise InputMismatch(f"the float64 reference of {exact.meta['case_name']!r} was not made from the inputs side "
+                            f"{a.side!r} of {a.meta['case_name']!r} consumed")
 
 
 def _unchecked(tensors, name: str, checks: dict[str, StreamCheck]) -> tuple[np.ndarray | None, StreamCheck | None]:

@@ -101,7 +101,7 @@ def _share(count: int, share: float) -> str:
 def reference_text(comparison: CaseComparison) -> str:
     """The arbiter in one line: the float64 reference, or why there is none."""
     if comparison.reference is not None:
-        return f"exact: float64 reference ({comparison.reference.impl}, {comparison.reference.framework} worker, CPU, eager)"
+        return f"exact: the float64 reference, run eagerly on the CPU by the {comparison.reference.framework} worker"
     return f"exact: n/a ({comparison.reference_missing or 'no float64 reference was given'})"
 
 

@@ -26,6 +26,7 @@ class LinearFamily(OpFamily):
     variants = {"megatron": ("megatron",), "paddle": ("matmul_add", "functional_linear", "fused_linear")}
     implementations = {"megatron": "harness.ops.linear.megatron:LinearMegatron",
                        "paddle": "harness.ops.linear.paddle:LinearPaddle"}
+    reference = {"megatron": "harness.ops.linear.megatron:linear_reference"}
     signature = ("x", "weight", "bias")
     working_inputs = ("x", "weight", "bias", "grad_out")
     layouts = {"paddle": {"weight": (1, 0)}}  # Paddle's [in, out]

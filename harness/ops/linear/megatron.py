@@ -8,7 +8,7 @@ import torch
 from megatron.core import tensor_parallel
 from megatron.core.model_parallel_config import ModelParallelConfig
 
-from harness.ops.family import Implementations, NotAvailable, variant
+from harness.ops.family import Implementations, NotAvailable, reference, variant
 from harness.ops.linear import LinearFamily
 from harness.ops.megatron_group import one_process_group
 
@@ -38,3 +38,17 @@ class LinearMegatron(Implementations, family=LinearFamily, framework="megatron")
             # Megatron's input is [s, b, h]; a 2-D x is [M, 1, h] (same GEMM, rows flattened)
             out, _ = layer(x if x.dim() == 3 else x.unsqueeze(1), weight=weight)
         return out if x.dim() == 3 else out.squeeze(1)
+
+
+REFERENCE_PROVENANCE = (
+    "float64 reference: megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (TP=1) built with "
+    "params_dtype=float64 on float64 tensors, run eagerly: forward torch.matmul(x, W.t()) then + b, backward "
+    "megatron.core.tensor_parallel.layers.LinearWithGradAccumulationAndAsyncCommunication's own (dgrad g @ W, "
+    "wgrad g^T @ x, bias grad g.sum(0)); with gradient_accumulation_fusion the layer is built without it (apex's "
+    "wgrad_gemm_accum adds the same product g^T @ x into a zero main_grad, and takes no float64)")
+
+
+@reference(provenance=REFERENCE_PROVENANCE)
+def linear_reference(x, weight, bias, options):
+    """The Megatron side's own code path, on float64 tensors (params_dtype follows the weight's dtype)."""
+    return LinearMegatron.megatron(x, weight, bias, {**options, "gradient_accumulation_fusion": False})

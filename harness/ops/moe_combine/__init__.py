@@ -41,6 +41,7 @@ class MoeCombineFamily(OpFamily):
     variants = {"megatron": ("megatron",), "paddle": ("default", "fp32_accumulate", "gather_sum")}
     implementations = {"megatron": "harness.ops.moe_combine.megatron:MoeCombineMegatron",
                        "paddle": "harness.ops.moe_combine.paddle:MoeCombinePaddle"}
+    reference = {"megatron": "harness.ops.moe_combine.megatron:moe_combine_reference"}
     signature = ("expert_out", "probs", "routing_map", "logits")
     working_inputs = ("expert_out", "grad_out")
 

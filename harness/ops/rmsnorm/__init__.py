@@ -37,6 +37,7 @@ class RmsNormFamily(OpFamily):
                                                       "paddle": ("fp32_island", "per_op_rounding", "rms_norm_kernel", "fused_rms_norm")}
     implementations: ClassVar[dict[str, str]] = {"megatron": "harness.ops.rmsnorm.megatron:RmsNormMegatron",
                                                   "paddle": "harness.ops.rmsnorm.paddle:RmsNormPaddle"}
+    reference: ClassVar[dict[str, str]] = {"megatron": "harness.ops.rmsnorm.megatron:rmsnorm_reference"}
     signature = ("x", "weight")
     working_inputs = ("x", "weight", "grad_out")
 

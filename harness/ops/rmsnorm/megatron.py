@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.ops.family import Implementations, NotAvailable, variant
+from harness.ops.family import Implementations, NotAvailable, reference, variant
 from harness.ops.rmsnorm import RmsNormFamily
 
 
@@ -69,31 +69,32 @@ class TERMSNormReference(torch.autograd.Function):
     The sums run in torch's reduction order here, not the kernel's warp/CTA order."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, zero_centered_gamma):
-        x32 = x.float()
+    def forward(ctx, x, weight, eps, zero_centered_gamma, compute=torch.float32):
+        x32 = x.to(compute)
         rn = 1.0 / x.shape[-1]
         rs = torch.rsqrt((x32 * x32).sum(-1, keepdim=True) * rn + eps)
-        gamma = weight.float() + 1.0 if zero_centered_gamma else weight.float()
+        gamma = weight.to(compute) + 1.0 if zero_centered_gamma else weight.to(compute)
         ctx.save_for_backward(x, weight, rs)
-        ctx.zero_centered_gamma = zero_centered_gamma
+        ctx.zero_centered_gamma, ctx.compute = zero_centered_gamma, compute
         return (gamma * (rs * x32)).to(x.dtype)
 
     @staticmethod
     def backward(ctx, dz):
         x, weight, rs = ctx.saved_tensors
-        x32, dz32 = x.float(), dz.float()
+        x32, dz32 = x.to(ctx.compute), dz.to(ctx.compute)
         rn = 1.0 / x.shape[-1]
-        gamma = weight.float() + 1.0 if ctx.zero_centered_gamma else weight.float()
+        gamma = weight.to(ctx.compute) + 1.0 if ctx.zero_centered_gamma else weight.to(ctx.compute)
         y = rs * x32
         dy = gamma * dz32
         mdyy = (dy * y).sum(-1, keepdim=True) * rn
         dx = rs * (dy - mdyy * y)
         dgamma = (dz32 * y).reshape(-1, x.shape[-1]).sum(0)
-        return dx.to(x.dtype), dgamma.to(weight.dtype), None, None
+        return dx.to(x.dtype), dgamma.to(weight.dtype), None, None, None
 
 
-def te_reference(x, weight, options):
-    return TERMSNormReference.apply(x, weight, options["eps"], options["zero_centered_gamma"])
+def te_reference(x, weight, options, compute=torch.float32):
+    """`compute`: the kernels' compute_t (fp32); the float64 reference passes float64."""
+    return TERMSNormReference.apply(x, weight, options["eps"], options["zero_centered_gamma"], compute)
 
 
 MEGATRON_PROVENANCE = ("megatron-core: megatron.core.transformer.torch_norm.WrappedTorchNorm (what "
@@ -108,3 +109,26 @@ TE_PROVENANCE = ("xfalign torch reference (harness/ops/rmsnorm/megatron.py) of T
 class RmsNormMegatron(Implementations, family=RmsNormFamily, framework="megatron"):
     megatron = variant(MEGATRON_PROVENANCE, source=lambda options: megatron_norm_class())(megatron)
     te_reference = variant(TE_PROVENANCE)(te_reference)
+
+
+def _reference_provenance(options: dict) -> str:
+    if options["zero_centered_gamma"]:
+        return ("float64 reference: xfalign's own float64 formula of Transformer Engine's RMSNorm (what megatron-core's "
+                "TENorm builds; the CPU norm megatron.core.transformer.torch_norm.WrappedTorchNorm refuses zero-centred "
+                "gamma): TERMSNormReference (harness/ops/rmsnorm/megatron.py) with compute_t = float64 instead of fp32, "
+                "gamma = weight + 1, and TE's hand-written backward dx = rs * (dy - mean(dy * y) * y), dgamma = "
+                "sum(dz * y)")
+    return ("float64 reference: megatron-core: megatron.core.transformer.torch_norm.WrappedTorchNorm (built by "
+            "megatron.core.models.backends.LocalSpecProvider, params_dtype=float64) -> torch.nn.RMSNorm on float64 "
+            "tensors, eager, autograd backward; torch's rms_norm computes float64 input in float64 (it widens only "
+            "to its opmath type, double for double)")
+
+
+@reference(provenance=_reference_provenance, source=lambda options: TERMSNormReference if options["zero_centered_gamma"]
+           else megatron_norm_class())
+def rmsnorm_reference(x, weight, options):
+    """Megatron's own CPU norm on float64 tensors; with zero-centred gamma (which only TENorm has) the TE formula
+    with float64 compute. The two agree in exact arithmetic (TE's backward is the analytic one)."""
+    if options["zero_centered_gamma"]:
+        return te_reference(x, weight, options, compute=torch.float64)
+    return megatron(x, weight, options)

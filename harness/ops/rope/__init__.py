@@ -66,6 +66,7 @@ class RopeFamily(OpFamily):
         "megatron": ("megatron",), "paddle": ("fp32_island", "per_op_rounding", "fused_rope")}
     implementations: ClassVar[dict[str, str]] = {
         "megatron": "harness.ops.rope.megatron:RopeMegatron", "paddle": "harness.ops.rope.paddle:RopePaddle"}
+    reference: ClassVar[dict[str, str]] = {"megatron": "harness.ops.rope.megatron:rope_reference"}
     layouts: ClassVar[dict[str, dict[str, tuple[int, ...]]]] = {
         "paddle": {name: BSHD_TO_PADDLE for name in ("t", "freqs", "grad_out", "out")}}
 

@@ -16,6 +16,10 @@ apply_rotary_pos_emb reads the context-parallel group from parallel_state when n
 training step: the call runs inside a one-process torch.distributed group (gloo on CPU, nccl on GPU;
 in-process HashStore rendezvous)
 with CP=1, torn down after the forward (the backward needs no group).
+
+The float64 reference (`rope_reference`) is that same call on float64 t and freqs (the input bits widened
+exactly): `_apply_rotary_pos_emb_bshd` computes in the inputs' dtype (cos/sin in freqs' dtype, `.to(t.dtype)`),
+so in float64 nothing rounds below float64, and the backward is torch's autograd of it, as Megatron's.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from harness.ops.family import Implementations, NotAvailable, variant
+from harness.ops.family import Implementations, NotAvailable, reference, variant
 from harness.ops.megatron_group import one_process_group
 from harness.ops.rope import RopeFamily
 
@@ -61,3 +65,16 @@ class RopeMegatron(Implementations, family=RopeFamily, framework="megatron"):
         config = rope_config(t, options)
         with one_process_group(t.device.type):
             return apply_rotary_pos_emb(t, freqs, config, mscale=options["mscale"])
+
+
+def _reference_provenance(options: dict) -> str:
+    text = f"float64 reference: {_provenance(options | {'apply_rope_fusion': False})}, run eagerly on float64 t and freqs"
+    if options["apply_rope_fusion"]:
+        text += ("; apply_rope_fusion: Transformer Engine's fused kernel computes the same rotation (fp32 cos/sin and "
+                 "arithmetic, one rounding), so its float64 reference is the unfused formula")
+    return text
+
+
+@reference(provenance=_reference_provenance, source=lambda options: apply_rotary_pos_emb)
+def rope_reference(t, freqs, options):
+    return RopeMegatron.megatron(t, freqs, options | {"apply_rope_fusion": False})
