@@ -488,7 +488,7 @@ def _reference_key(case: Case, profile: NumericsProfile) -> tuple:
 NO_REFERENCE_RUN = "the float64 reference was not run (--no-reference)"
 
 
-def _reference_result(job: Future, folder: Path, log: Path) -> tuple[Dump | None, str, dict]:
+def _reference_result(job: Future, folder: Path) -> tuple[Dump | None, str, dict]:
     """(the reference's dump, or None and why not, its timings). A reference that fails leaves the case's
     comparison without an arbiter; it does not fail the case."""
     while not job.done():
@@ -499,7 +499,7 @@ def _reference_result(job: Future, folder: Path, log: Path) -> tuple[Dump | None
         return None, f"the float64 reference crashed: {str(error).splitlines()[0]}", {}
     if "dump" not in record:
         why = record.get("error") or record.get("output_error") or "?"
-        return None, f"the float64 reference failed: {str(why).strip().splitlines()[0]}{_tail(log)}", record.get("timings", {})
+        return None, f"the float64 reference failed: {(str(why).strip().splitlines() or ['?'])[0]}", record.get("timings", {})
     try:
         return Dump.read(folder, check_bytes=False), "", record.get("timings", {})
     except DumpError as error:
@@ -593,8 +593,7 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
                 raise SideCrashed(f"side {side!r} wrote a dump that cannot be read back: {error}") from None
         exact, exact_missing = None, NO_REFERENCE_RUN
         if reference_job is not None:
-            exact, exact_missing, timings[REFERENCE_SIDE] = _reference_result(reference_job, dump_dirs[REFERENCE_SIDE],
-                                                                              logs[REFERENCE_SIDE])
+            exact, exact_missing, timings[REFERENCE_SIDE] = _reference_result(reference_job, dump_dirs[REFERENCE_SIDE])
         elif reference_framework(case) is None:
             exact_missing = family_for(case.op, case.source).no_reference
     finally:
