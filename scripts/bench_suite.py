@@ -13,6 +13,12 @@ resetting the worker; per case the parent's input generation and comparison.
 The issue's targets: suite <= 1.5 x floor and <= 45 s on 2 cores with a warm compile cache (--warmup
 runs the suite once first, so the inductor cache is warm). Also printed: the floor with the per-case
 compilation counted as op time, and where the rest of the time goes.
+
+    python3 scripts/bench_suite.py --reference-cost [--rounds N] [CASES ...]
+
+The float64 reference's cost: after a warm-up run, N rounds (default 3) of the suite without the reference
+(`--no-reference`) and with it, side by side in this one invocation (alternating, so drift on the machine
+hits both); prints each wall time and the ratio with/without per round (target <= 1.3).
 """
 
 from __future__ import annotations
@@ -31,12 +37,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_suite(cases: list[str], jobs: int, folder: Path) -> tuple[float, int, dict]:
+def run_suite(cases: list[str], jobs: int, folder: Path, reference: bool = True) -> tuple[float, int, dict]:
     timings = folder / "timings.json"
     env = dict(os.environ, XFALIGN_TIMINGS=str(timings))
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "harness.cli", "run", *cases, "-j", str(jobs),
-                           "--json", str(folder / "result.json"), "--html", str(folder / "html")],
+                           "--json", str(folder / "result.json"), "--html", str(folder / "html"),
+                           *([] if reference else ["--no-reference"])],
                           cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
@@ -49,8 +56,12 @@ def main() -> int:
     parser.add_argument("cases", nargs="*", help="case files (default: cases/*.yaml)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--warmup", action="store_true", help="run the suite once first (warm compile cache)")
+    parser.add_argument("--reference-cost", action="store_true", help="the suite without and with the float64 reference")
+    parser.add_argument("--rounds", type=int, default=3, help="with --reference-cost: rounds of both runs")
     args = parser.parse_args()
     cases = [str(Path(c).resolve()) for c in args.cases] or sorted(glob.glob(str(ROOT / "cases" / "*.yaml")))
+    if args.reference_cost:
+        return reference_cost(cases, args.jobs, args.rounds)
     with tempfile.TemporaryDirectory(prefix="xfalign-bench-") as tmp:
         if args.warmup:
             wall, code, _ = run_suite(cases, args.jobs, Path(tmp))
@@ -99,6 +110,25 @@ def main() -> int:
     print(f"  parent: generate inputs {sums['inputs']:.1f}, compare {sums['compare']:.1f}")
     print(f"  busy per worker key: {', '.join(f'{k} {v:.1f}' for k, v in busy.items())}")
     return 0 if code == 0 else 1
+
+
+def reference_cost(cases: list[str], jobs: int, rounds: int) -> int:
+    """The suite's wall time without and with the float64 reference, alternating, after one warm-up run."""
+    with tempfile.TemporaryDirectory(prefix="xfalign-bench-") as tmp:
+        wall, code, _ = run_suite(cases, jobs, Path(tmp))
+        print(f"warm-up run (with the reference): {wall:.1f} s (exit {code})")
+        ratios, codes = [], set()
+        for round_ in range(1, rounds + 1):
+            without, code_without, _ = run_suite(cases, jobs, Path(tmp), reference=False)
+            with_, code_with, measured = run_suite(cases, jobs, Path(tmp))
+            codes |= {code_with}
+            reference_s = sum(t.get("exact", {}).get("reference_s", 0) for _, t in measured["cases"])
+            ratios.append(with_ / without)
+            print(f"round {round_}: without {without:.1f} s (exit {code_without}), with {with_:.1f} s (exit {code_with}; "
+                  f"the reference's own op time {reference_s:.1f} s summed over cases): ratio {with_ / without:.3f}")
+    print(f"ratio with/without the reference over {rounds} rounds: {min(ratios):.3f}-{max(ratios):.3f} (target <= 1.3); "
+          f"{len(cases)} case files, -j {jobs}, {os.cpu_count()} cores")
+    return 0 if max(ratios) <= 1.3 and codes == {0} else 1
 
 
 if __name__ == "__main__":
