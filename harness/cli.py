@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run cases (both sides, or one with --side) and compare")
     run.add_argument("cases", nargs="+", type=Path, help="YAML case files")
-    run.add_argument("--side", help="run only this side (needs --dump)")
+    run.add_argument("--side", help="run only this side (needs --dump); `exact`: only the float64 reference")
     run.add_argument("--dump", type=Path,
                      help="write dumps here: DIR/<side> (DIR/<case>/<side> for several cases), or DIR itself with --side")
     run.add_argument("--repeat", type=int, default=1, help="run each side N times; report digests that vary")
@@ -138,8 +138,12 @@ def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
     """Where each side of `case` is dumped; folder names made of case names and side names are made safe
     file names (sweep point names hold '[', ',', '=')."""
     if args.side:
-        if args.side not in case.sides:
-            raise UsageError(f"{case.source}: no side {args.side!r} (sides: {', '.join(case.sides)})")
+        if args.side == REFERENCE_SIDE:
+            if reference_framework(case) is None:
+                raise UsageError(f"{case.source}: op family {case.op} declares no float64 reference")
+        elif args.side not in case.sides:
+            raise UsageError(f"{case.source}: no side {args.side!r} (sides: {', '.join(case.sides)}; "
+                             f"{REFERENCE_SIDE}: the float64 reference)")
         if not args.dump:
             raise UsageError("--side needs --dump DIR: a single side has nothing to compare with")
         return {args.side: args.dump / safe_name(case.name) if several else args.dump}
@@ -342,8 +346,8 @@ def cmd_run(args, console: Console) -> int:
     _check_run_options(args)
     cases = _load_all(args.cases, args.max_input_gib)
     if args.seeds:
-        if args.seeds < 0 or args.side:
-            raise UsageError("--seeds takes a positive N and runs both sides")
+        if args.seeds < 0:
+            raise UsageError("--seeds takes a positive N")
         cases = [reseeded(case, k) for case in cases for k in range(1, args.seeds + 1)]
     plan = _plan_dumps(cases, args)
     _check_dumps(plan)

@@ -568,19 +568,19 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         futures, logs = {}, {}
         sides = [side for side in dump_dirs if side != REFERENCE_SIDE]
+        job = {"case": case.to_json(), "source": case.source, "inputs": str(inputs_file), "repeat": repeat,
+               "numerics": profile.model_dump(mode="json"), "profile_env": dict(profile.env), "cwd": os.getcwd(), "env": env}
         for index, side in enumerate(sides):
-            payload = {"case": case.to_json(), "source": case.source, "side": side, "inputs": str(inputs_file),
-                       "dump": str(dump_dirs[side]), "repeat": repeat, "numerics": profile.model_dump(mode="json"),
-                       "profile_env": dict(profile.env), "cwd": os.getcwd(), "env": env}
             logs[side] = workdir / f"output-{index}-{safe_name(side)}.log"
-            futures[side] = pool.submit(_key(case, side, profile), side, payload, logs[side], limit)
+            futures[side] = pool.submit(_key(case, side, profile), side, dict(job, side=side, dump=str(dump_dirs[side])),
+                                        logs[side], limit)
         reference_job = None
-        runs_reference = reference and len(sides) == 2 and reference_framework(case) is not None
-        if runs_reference:
+        alone = REFERENCE_SIDE in dump_dirs and not sides  # `run --side exact`: the reference only
+        if reference and (len(sides) == 2 or alone) and reference_framework(case) is not None:
             dump_dirs.setdefault(REFERENCE_SIDE, workdir / "dumps" / REFERENCE_SIDE)
             key = _reference_key(case, profile)
             logs[REFERENCE_SIDE] = workdir / "output-reference.log"
-            payload = dict(payload, dump=str(dump_dirs[REFERENCE_SIDE]), reference=key[0], repeat=1)
+            payload = dict(job, side=next(iter(case.sides)), dump=str(dump_dirs[REFERENCE_SIDE]), reference=key[0], repeat=1)
             reference_job = pool.submit(key, REFERENCE_SIDE, payload, logs[REFERENCE_SIDE], limit)
         records = _wait_all(futures, logs)
         dumps = {}
@@ -594,14 +594,18 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
         exact, exact_missing = None, NO_REFERENCE_RUN
         if reference_job is not None:
             exact, exact_missing, timings[REFERENCE_SIDE] = _reference_result(reference_job, dump_dirs[REFERENCE_SIDE])
+            if alone and exact is None:
+                raise SideCrashed(exact_missing)
         elif reference_framework(case) is None:
             exact_missing = family_for(case.op, case.source).no_reference
     finally:
         if reference_job is not None:
             reference_job.cancel()  # a side failed: the reference is not waited for
         shutil.rmtree(workdir, ignore_errors=True)
+    if exact is not None and not sides:
+        dumps[REFERENCE_SIDE] = exact
     comparison = None
-    if len(dumps) == 2:
+    if len(sides) == 2:
         compared = time.perf_counter()
         first, second = (dumps[s] for s in case.sides)
         comparison = compare_dumps(first, second, case.expect, exact, exact_missing)
