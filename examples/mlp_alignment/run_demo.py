@@ -1,6 +1,7 @@
 """The demo end to end: a megatron-core MLP and a Paddle MLP with the same weights, one training step
 captured on each side, the two captures compared through map.yaml, the first divergence named, replay of
-the module where it is; then every Paddle variant against Megatron, compiled and eager.
+the module where it is (and of the modules around it), each also in float64 on both sides to say which
+side's output is closer to exact; then every Paddle variant against Megatron, compiled and eager.
 
     python3 examples/mlp_alignment/run_demo.py [--out DIR] [--megatron-tree TREE]
 
@@ -14,6 +15,8 @@ import argparse
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.capture.compare import compare_trees
     from harness.capture.mapping import load_map
     from harness.capture.replay import replay
+    from harness.reports.text import exact_replay_lines
 
     tensor_map = load_map(MAP)
     trees_a = {"given": args.megatron_tree} if args.megatron_tree else {
@@ -147,14 +151,30 @@ def main(argv: list[str] | None = None) -> int:
                 text = "missing or not comparable" if counts is None else "{} of {} differ, max {} ULP".format(*counts)
                 print(f"    {name}: {text}")
             if first is not None:
-                for module_a in _enclosing(first[1].module):
-                    if not modules_of(model_b, module_a, tensor_map):
-                        continue
-                    result = replay(modules_of(model_b, module_a, tensor_map), tree_a, module_a, tensor_map)
-                    print(f"    replay of {module_a} on {', '.join(result.modules_b)}: {result.verdict}" +
-                          _difference(result))
+                with megatron_model(tree_a) as model_a:
+                    for module_a in _enclosing(first[1].module):
+                        if not modules_of(model_b, module_a, tensor_map):
+                            continue
+                        result = replay(modules_of(model_b, module_a, tensor_map), tree_a, module_a, tensor_map,
+                                        exact=True, model_a=model_a)
+                        print(f"    replay of {module_a} on {', '.join(result.modules_b)}: {result.verdict}" +
+                              _difference(result))
+                        for line in exact_replay_lines(result.exact):
+                            print("        " + line)
     print(f"trees in {out}")
     return 0
+
+
+@contextmanager
+def megatron_model(tree_a, step: int = 0) -> Iterator:
+    """A's model of the sizes A's capture holds, built anew on the CPU inside the one-process group Megatron
+    needs to run: replay(..., exact=True, model_a=it) runs a float64 copy of its module with A's captured
+    parameters (its own are not used)."""
+    import megatron_mlp as M
+
+    weight = a_arrays(tree_a, step)["mlp.linear_fc1:param.weight"]  # [2 * ffn, hidden]
+    with M.megatron_group("cpu"):
+        yield M.build_megatron_mlp(weight.shape[1], weight.shape[0] // 2)
 
 
 def modules_of(model_b, module_a: str, tensor_map) -> dict:

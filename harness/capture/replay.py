@@ -11,6 +11,9 @@ into A's names and layouts (`to_a`) and compares them with A's captured outputs,
 - none of A's outputs has a B counterpart through the map (B's module computes something else, e.g. it
   adds a bias A's module hands on): "no counterpart"; replay the enclosing module instead.
 
+With exact=True, float64 copies of A's module and of B's run on the same inputs, and each side's output is
+measured against the exact one: which side is closer to exact (harness.capture.replay_exact).
+
 Framework-neutral: the framework comes from the module (harness.frameworks adapters).
 """
 
@@ -31,6 +34,7 @@ from harness.errors import XfalignError
 
 if TYPE_CHECKING:
     from harness.capture.mapping import TensorMap
+    from harness.capture.replay_exact import ExactReplay
     from harness.frameworks.base import FrameworkAdapter
 
 Verdict = Literal["inherited", "differs", "no counterpart"]
@@ -49,6 +53,7 @@ class ReplayResult:
     outputs: list[Pair]  # A's captured output vs B's replayed one, in A's names and layouts
     params_loaded: bool  # A's parameters were loaded into B (else B's own were checked equal to them)
     not_replayed: list[str] = field(default_factory=list)  # A outputs that B's replay does not make
+    exact: ExactReplay | None = None  # replay(..., exact=True): each side against its module run in float64
 
     @property
     def verdict(self) -> Verdict:
@@ -64,12 +69,15 @@ class ReplayResult:
 
 
 def replay(module_b: Any, tree_a: str | Path | Tree, module_a: str, tensor_map: TensorMap | None = None,
-           step: int = 0, call: int = 0) -> ReplayResult:
+           step: int = 0, call: int = 0, exact: bool = False, model_a: Any = None) -> ReplayResult:
     """Replay call `call` of A's module `module_a` (its path in A's capture) in step `step` on B's module.
 
     module_b: B's module object, or {B module path: object} when the map pairs several B modules with
     module_a (a fused projection on one side, two on the other). Each B module gets its inputs through the
     map; a B module whose inputs the map leaves out (the map's ignore list) takes the first one's.
+    exact: also run float64 copies of A's module (`model_a`: A's model, or the module at `module_a` itself)
+    and of B's on A's inputs, and say which side's output is closer to exact (`result.exact`, an
+    harness.capture.replay_exact.ExactReplay; a side whose copy cannot run is N/A, with the reason).
     """
     from harness.capture.mapping import load_map
 
@@ -89,20 +97,7 @@ def replay(module_b: Any, tree_a: str | Path | Tree, module_a: str, tensor_map: 
     given_b = tensor_map.to_b({**inputs_a, **params_a})
 
     params_loaded = _put_parameters(adapter, modules, given_b)
-    made_b: dict[str, np.ndarray] = {}
-    first_inputs: tuple[list, dict] | None = None
-    for path, module in modules.items():
-        args, kwargs = _call_arguments(given_b, path, call)
-        if not args and not kwargs and first_inputs is not None:
-            args, kwargs = first_inputs
-        first_inputs = first_inputs or (args, kwargs)
-        device = adapter.model_device(module)
-        output = module(*[adapter.to_tensor(a, device, False) for a in args],
-                        **{k: adapter.to_tensor(v, device, False) for k, v in kwargs.items()})
-        for slot, tensor in _leaves(output, adapter.tensor_type()):
-            made_b[call_tensor(path, call, "output", slot)] = adapter.to_numpy(tensor)
-
-    made_a = tensor_map.to_a(Dump({}, made_b)).tensors
+    made_a = tensor_map.to_a(Dump({}, run_modules(adapter, modules, given_b, call))).tensors
     pairs, missing = [], []
     for name, array in outputs_a.items():
         if tensor_map.ignored("a", name):
@@ -111,7 +106,30 @@ def replay(module_b: Any, tree_a: str | Path | Tree, module_a: str, tensor_map: 
             missing.append(name)
             continue
         pairs.append(originate(name, array, np.asarray(made_a[name])))
-    return ReplayResult(module_a, list(modules), step, call, pairs, params_loaded, missing)
+    result = ReplayResult(module_a, list(modules), step, call, pairs, params_loaded, missing)
+    if exact:
+        from harness.capture.replay_exact import replay_exact
+
+        result.exact = replay_exact(result, inputs_a, outputs_a, made_a, model_a, modules, dump, given_b, tensor_map)
+    return result
+
+
+def run_modules(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict[str, np.ndarray], call: int) -> dict[str, np.ndarray]:
+    """Run each module (path -> object) on its inputs of call `call` in `arrays` (in its own names); a module
+    whose inputs `arrays` lacks takes the first one's. Its outputs' tensor leaves as arrays, by capture name."""
+    made: dict[str, np.ndarray] = {}
+    first_inputs: tuple[list, dict] | None = None
+    for path, module in modules.items():
+        args, kwargs = _call_arguments(arrays, path, call)
+        if not args and not kwargs and first_inputs is not None:
+            args, kwargs = first_inputs
+        first_inputs = first_inputs or (args, kwargs)
+        device = adapter.model_device(module)
+        output = module(*[adapter.to_tensor(a, device, False) for a in args],
+                        **{k: adapter.to_tensor(v, device, False) for k, v in kwargs.items()})
+        for slot, tensor in _leaves(output, adapter.tensor_type()):
+            made[call_tensor(path, call, "output", slot)] = adapter.to_numpy(tensor)
+    return made
 
 
 def _modules_b(module_b: Any, module_a: str, tensor_map: TensorMap) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from harness.fingerprint import label as field_label
 
 if TYPE_CHECKING:
     from harness.capture.compare import Divergence, RecordView, StepComparison, TreeComparison, TreeSide
+    from harness.capture.replay_exact import ExactOutput, ExactReplay
     from harness.compare.case import CaseComparison, SideInfo, TensorResult
     from harness.compare.pairs import Pair
 
@@ -571,3 +572,47 @@ def interrupted_line(signal_name: str) -> str:
 
 def internal_error_line(kind: str, first_line: str, debug: bool) -> str:
     return f"xfalign: internal error: {kind}: {first_line}" + ("" if debug else " (run with --debug for the traceback)")
+
+
+# -- float64 replay (harness.capture.replay_exact) -----------------------------------------------------
+
+
+def exact_replay_text(exact: ExactReplay) -> str:
+    """The float64 replay's heading: whose float64 output is exact, or why there is none."""
+    if exact.missing:
+        return f"float64 replay of {exact.module_a}: n/a ({exact.missing})"
+    others = "".join(f"; side {side}'s float64 copy n/a: {why}" for side, why in exact.not_run.items())
+    return f"float64 replay of {exact.module_a} on {', '.join(exact.modules_b)}: exact = side {exact.reference}'s module in float64{others}"
+
+
+def exact_output_text(output: ExactOutput, reference: str | None) -> str:
+    """One output against exact: `(root)#0:output.0: to exact A 3 ULP, 0.52u | B 1 ULP, 0.31u; elements closer
+    B 61% A 20%; B is closer (normwise); float64 copies agree (1.5e-05u)`."""
+    exact = output.exact
+    errors = f"to exact A {exact_error_text(exact.a)} | B {exact_error_text(exact.b)}"
+    if output.closer is None:
+        unmeasured = "; ".join(f"side {side}: {exact.why_unmeasured(side)}" for side, error in zip("AB", (exact.a, exact.b))
+                               if error is None)
+        return f"{output.name}: {errors}; closer n/a ({unmeasured})"
+    closeness = exact.closeness
+    elements = "identical" if closeness and closeness.identical == closeness.elements else f"elements closer {closer_text(output.pair)}"
+    closer = "tie" if output.closer == "tie" else f"{output.closer} is closer"
+    return f"{output.name}: {errors}; {elements}; {closer} (normwise){_spread_text(output, reference)}"
+
+
+def _spread_text(output: ExactOutput, reference: str | None) -> str:
+    if output.spread is None:
+        return f"; float64 copies not compared ({output.spread_missing})" if output.spread_missing else ""
+    if output.agree:
+        return f"; float64 copies agree ({output.spread_u:.2g}u)"
+    return (f"; the float64 copies differ by {output.spread_u:.3g}u (different functions, or a copy that rounds inside): "
+            f"closer is against side {reference}'s")
+
+
+def exact_replay_lines(exact: ExactReplay) -> list[str]:
+    """The heading, then one line per output (none when N/A), as a replay's terminal output shows them."""
+    if exact.missing:
+        return [exact_replay_text(exact)]
+    if not exact.outputs:
+        return [exact_replay_text(exact) + "; no output of A has a counterpart in B to measure"]
+    return [exact_replay_text(exact)] + ["    " + exact_output_text(output, exact.reference) for output in exact.outputs]

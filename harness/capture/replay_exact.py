@@ -1,0 +1,295 @@
+"""Float64 replay: the replayed module of each side run in float64 on A's captured inputs, to say which side's
+output is closer to exact (`replay(..., exact=True, model_a=...)`; `ReplayResult.exact`).
+
+- Each side's module is copied, the user's modules left as they are: a deep copy of its modules, parameters and
+  buffers (other attributes, such as a config or a process group, are shared, not copied), widened exactly to
+  float64: torch `.double()`, Paddle `.to(dtype="float64")` (floating parameters and buffers; bfloat16,
+  float16 and float32 values are all float64 values). A's copy takes A's captured parameters (widened) where
+  the capture stored them; B's copy is made after replay loaded A's parameters into B's module (through the map).
+- Both copies are fed A's captured inputs widened exactly to float64 (B's through the map, as replay feeds B),
+  forward only (replay runs forward only), without autograd; torch eagerly (stance force_eager: a
+  torch.compile'd function runs its Python body, as the op cases' float64 reference does).
+- The exact value of an output is A's float64 output; B's (brought into A's names and layouts by the map) when
+  A's copy cannot run or no A module is given. Each side's output (A's as captured, B's as replayed) is
+  measured against it by harness.compare.arbiter.arbitrate (ULP to the correctly rounded value, normwise error
+  in units of the dtype's unit roundoff u, the share of elements where each side is closer); `closer` names
+  the side of smaller normwise error (fewer NaN/Inf mismatches first).
+- Where both copies ran, the other float64 output against the exact one is the `spread`. The copies compute one
+  function when their normwise difference is at most AGREE_U u of the output's dtype: taking either as exact
+  then moves each side's normwise error by at most AGREE_U u (triangle inequality). A larger spread means the
+  modules compute different functions (a bias added on one side only, say), or a copy does not compute in
+  float64 (a cast to a narrower dtype written into its forward): `closer` is then measured against A's function.
+- A copy that cannot be made or run (a kernel without float64, say) is N/A for its side, with the reason; with
+  neither side's, every output is N/A.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from harness.capture.format import ROOT, TensorName, param_tensor
+from harness.compare.arbiter import ExactComparison, arbitrate
+from harness.compare.exact import UNIT_ROUNDOFF, ExactError, error_to_exact
+from harness.compare.pairs import Pair, originate
+from harness.dtypes import FLOAT_DTYPES, dtype_name
+from harness.dump import Dump
+
+if TYPE_CHECKING:
+    from harness.capture.mapping import TensorMap
+    from harness.capture.replay import ReplayResult
+    from harness.frameworks.base import FrameworkAdapter
+
+SIDES = ("A", "B")
+AGREE_U = 1 / 16  # the float64 copies agree: normwise difference at most this many units of the output's u
+Closer = Literal["A", "B", "tie"]
+
+
+@dataclass(frozen=True)
+class ExactOutput:
+    """One output of the replayed module: A's captured value against B's replayed one (`pair`, as replay
+    compares them), with both against the exact value (`pair.exact`), and the two float64 copies' agreement."""
+
+    pair: Pair  # its `exact` is set: harness.compare.arbiter.ExactComparison, sides ("A", "B")
+    spread: ExactError | None = None  # the other float64 output against the exact one (in float64 ULPs)
+    spread_missing: str | None = None  # why there is no spread
+
+    @property
+    def name(self) -> str:
+        return self.pair.name
+
+    @property
+    def dtype(self) -> str:
+        return self.pair.digest.dtype
+
+    @property
+    def exact(self) -> ExactComparison:
+        assert self.pair.exact is not None
+        return self.pair.exact
+
+    @property
+    def closer(self) -> Closer | None:
+        """The side whose output is closer to exact by normwise error (fewer NaN/Inf mismatches first)."""
+        a, b = self.exact.a, self.exact.b
+        if a is None or b is None:
+            return None
+        key_a, key_b = (a.class_mismatch, a.normwise), (b.class_mismatch, b.normwise)
+        return "tie" if key_a == key_b else "A" if key_a < key_b else "B"
+
+    @property
+    def spread_u(self) -> float | None:
+        """The float64 copies' normwise difference in units of the output dtype's u (absolute where exact is 0)."""
+        if self.spread is None:
+            return None
+        return self.spread.normwise if self.spread.normwise_absolute else self.spread.normwise / UNIT_ROUNDOFF[self.dtype]
+
+    @property
+    def agree(self) -> bool | None:
+        """Whether the float64 copies compute one function (module note); None without a spread."""
+        if self.spread is None:
+            return None
+        return self.spread.error_norm == 0 if self.spread.normwise_absolute else self.spread.normwise <= AGREE_U * UNIT_ROUNDOFF[self.dtype]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "exact": self.exact.to_json(), "closer": self.closer,
+                "spread": self.spread.to_json() if self.spread else None, "spread_u": self.spread_u,
+                "agree": self.agree, "spread_missing": self.spread_missing}
+
+
+@dataclass
+class ExactReplay:
+    """The float64 replay of one module call: whose float64 output is the exact one (`reference`, "A" or "B";
+    None: N/A), why a side's copy did not run (`not_run`), per output the verdict, and the exact values."""
+
+    module_a: str
+    modules_b: list[str]
+    step: int
+    call: int
+    reference: Literal["A", "B"] | None
+    not_run: dict[str, str]  # side -> why its float64 copy did not run
+    outputs: list[ExactOutput]
+    values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # exact outputs, A's names and layouts
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def missing(self) -> str | None:
+        """Why nothing could be measured (N/A), else None."""
+        if self.reference is not None:
+            return None
+        return "; ".join(f"side {side}: {why}" for side, why in self.not_run.items())
+
+    def to_json(self) -> dict:
+        return {"module_a": self.module_a, "modules_b": self.modules_b, "step": self.step, "call": self.call,
+                "reference": self.reference, "missing": self.missing, "not_run": self.not_run,
+                "outputs": [output.to_json() for output in self.outputs], "notes": self.notes}
+
+
+class _CannotRun(Exception):
+    """A side's float64 copy cannot be made or run; the message says why."""
+
+
+def replay_exact(result: ReplayResult, inputs_a: dict[str, np.ndarray], outputs_a: dict[str, np.ndarray],
+                 made_a: Mapping[str, np.ndarray], model_a: Any, modules_b: dict[str, Any], dump: Dump,
+                 given_b: dict[str, np.ndarray], tensor_map: TensorMap) -> ExactReplay:
+    """The float64 replay of `result`'s module call (module note). inputs_a, outputs_a: A's captured inputs and
+    outputs of the call; made_a: B's replayed outputs in A's names; modules_b: B's modules (path -> object), A's
+    parameters loaded; dump: A's captured step; given_b: A's inputs and parameters in B's names (what replay fed B)."""
+    from harness.capture.replay import run_modules
+
+    notes: list[str] = []
+    exact: dict[str, dict[str, np.ndarray]] = {}
+    not_run: dict[str, str] = {}
+    try:
+        if model_a is None:
+            raise _CannotRun("no module given (replay(..., model_a=A's model))")
+        module = _module_at(model_a, result.module_a)
+        adapter = _adapter(module)
+        twin = _float64_copy(module, adapter)
+        notes += _load_captured(twin, adapter, result.module_a, dump)
+        exact["A"] = _run(twin, lambda: run_modules(adapter, {result.module_a: twin}, _widened(inputs_a), result.call))
+    except _CannotRun as error:
+        not_run["A"] = str(error)
+    try:
+        adapter = _adapter(next(iter(modules_b.values())))
+        twins = {path: _float64_copy(module, adapter) for path, module in modules_b.items()}
+        made = _run(next(iter(twins.values())), lambda: run_modules(adapter, twins, _widened(given_b), result.call))
+        exact["B"] = {name: np.asarray(array) for name, array in tensor_map.to_a(Dump({}, made)).tensors.items()}
+    except _CannotRun as error:
+        not_run["B"] = str(error)
+
+    reference: Literal["A", "B"] | None = "A" if "A" in exact else "B" if "B" in exact else None
+    values = {name: array for name, array in exact.get(reference or "", {}).items() if name in outputs_a}
+    notes += [f"side {reference}'s float64 copy made {name} as {dtype_name(array.dtype)}: it rounds inside, so this is "
+              "not an exact value" for name, array in values.items() if dtype_name(array.dtype) != "float64"]
+    missing = None if reference else "no float64 copy ran (" + "; ".join(f"side {s}: {w}" for s, w in not_run.items()) + ")"
+    pairs = result.outputs + [originate(name, outputs_a[name], None) for name in result.not_replayed]
+    outputs = []
+    for pair in pairs:
+        b = made_a.get(pair.name)
+        pair.exact = arbitrate(outputs_a[pair.name], None if b is None else np.asarray(b), values.get(pair.name), SIDES,
+                               missing, pair.name)
+        outputs.append(ExactOutput(pair, *_spread(pair.name, exact, not_run)))
+    return ExactReplay(result.module_a, result.modules_b, result.step, result.call, reference, not_run, outputs, values, notes)
+
+
+def _spread(name: str, exact: dict[str, dict[str, np.ndarray]], not_run: dict[str, str]) -> tuple[ExactError | None, str | None]:
+    if not_run:
+        return None, " and ".join(f"side {side}'s" for side in not_run) + " float64 copy did not run"
+    reference, other = exact["A"].get(name), exact["B"].get(name)
+    if reference is None or other is None:
+        return None, f"side {'A' if reference is None else 'B'}'s float64 copy made no {name}"
+    if reference.shape != other.shape or dtype_name(other.dtype) != "float64":
+        return None, f"side B's float64 copy made {name} as {dtype_name(other.dtype)} {list(other.shape)}"
+    return error_to_exact(other, reference.astype(np.float64, copy=False)), None
+
+
+def _module_at(model: Any, path: str) -> Any:
+    """The module at `path` in `model`, or `model` itself when it has none there (it is that module)."""
+    if path == ROOT:
+        return model
+    return dict(_adapter(model).named_modules(model)).get(path, model)
+
+
+def _adapter(module: Any) -> FrameworkAdapter:
+    from harness.capture.api import CaptureError, adapter_of
+
+    try:
+        return adapter_of(module)
+    except CaptureError as error:
+        raise _CannotRun(str(error)) from None
+
+
+def _widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Float arrays widened to float64 (exact: every narrower float is a float64); others as they are."""
+    return {name: np.asarray(array).astype(np.float64) if dtype_name(np.asarray(array).dtype) in FLOAT_DTYPES else array
+            for name, array in arrays.items()}
+
+
+def _float64_copy(module: Any, adapter: FrameworkAdapter) -> Any:
+    """A deep copy of the module's modules, parameters and buffers (its other attributes shared), widened to float64."""
+    modules = [m for _, m in adapter.named_modules(module)]
+    skip = {id(m) for m in modules}
+    tensor = adapter.tensor_type()
+    shared = {id(value): value for m in modules for value in vars(m).values()
+              if id(value) not in skip and not isinstance(value, (dict, list, tuple, set, tensor))}
+    try:
+        twin = copy.deepcopy(module, shared)
+    except Exception as error:  # noqa: BLE001 - whatever the module holds that cannot be copied: N/A, said why
+        raise _CannotRun(f"cannot copy {type(module).__name__}: {_first_line(error)}") from None
+    if _framework(twin) == "torch":
+        return twin.double()
+    if _framework(twin) == "paddle":
+        twin.to(dtype="float64")
+        return twin
+    raise _CannotRun(f"no float64 widening for a {type(module).__module__}.{type(module).__name__}")
+
+
+def _load_captured(twin: Any, adapter: FrameworkAdapter, module_a: str, dump: Dump) -> list[str]:
+    """Put A's captured parameters (widened) into A's float64 copy; notes for those the capture did not store."""
+    kept = []
+    for path, module in adapter.named_modules(twin):
+        for name, param in adapter.own_parameters(module):
+            relative = f"{path}.{name}" if path else name
+            stored = _captured_parameter(dump, module_a, relative)
+            if stored is None:
+                kept.append(relative)
+                continue
+            array = np.asarray(dump.tensors[stored])
+            if tuple(array.shape) != tuple(param.shape):
+                raise _CannotRun(f"A's captured {stored} is {list(array.shape)}, the module's {relative} {list(param.shape)}")
+            adapter.load_parameter(param, array.astype(np.float64))
+    return [f"side A's parameters not stored in the capture, taken from the module given: {', '.join(kept)}"] if kept else []
+
+
+def _captured_parameter(dump: Dump, module_a: str, relative: str) -> str | None:
+    """The stored capture name of A's parameter `relative` (to module_a): the capture names it after the nearest
+    selected module at or above it (harness.capture.api)."""
+    parts = ([] if module_a == ROOT else module_a.split(".")) + relative.split(".")
+    for k in range(len(parts) - 1, -1, -1):
+        name = param_tensor(".".join(parts[:k]) or ROOT, "param", ".".join(parts[k:]))
+        if name in dump.tensors and (parsed := TensorName.parse(name)) is not None and parsed.role == "param":
+            return name
+    return None
+
+
+def _run(module: Any, forward: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run `forward()` (on float64 copies, `module` one of them) without autograd, torch eagerly; a failure
+    is N/A, said why."""
+    with ExitStack() as stack:
+        if _framework(module) == "torch":
+            import torch
+
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(torch.compiler.set_stance("force_eager"))
+        elif _framework(module) == "paddle":
+            import paddle
+
+            stack.enter_context(paddle.no_grad())
+        try:
+            return forward()
+        except Exception as error:  # noqa: BLE001 - a kernel without float64, and the like: N/A, said why
+            raise _CannotRun(f"cannot run in float64: {_first_line(error)}") from None
+
+
+def _framework(module: Any) -> str | None:
+    """"torch" for a torch.nn.Module, "paddle" for a paddle.nn.Layer (neither imported here if not loaded)."""
+    torch, paddle = sys.modules.get("torch"), sys.modules.get("paddle")
+    if torch is not None and isinstance(module, torch.nn.Module):
+        return "torch"
+    if paddle is not None and isinstance(module, paddle.nn.Layer):
+        return "paddle"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    """The error's kind and its first line of words (Paddle's "(NotFound) ..." line where there is one)."""
+    lines = [line.strip() for line in str(error).splitlines() if any(c.isalpha() for c in line)]
+    text = next((line for line in lines if re.match(r"\(\w+\) ", line)), lines[0] if lines else "")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
