@@ -11,6 +11,7 @@ from harness.compare.case import InputMismatch, compare_dumps
 from harness.dump import Dump
 from harness.reports.text import closer_text, finding_text, reference_text, to_exact_text
 from harness.rounding import round_float64
+
 from report_fixtures import dumps_of, side_meta
 
 BF16 = ml_dtypes.bfloat16

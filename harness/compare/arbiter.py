@@ -61,5 +61,5 @@ def arbitrate(a: np.ndarray | None, b: np.ndarray | None, exact: np.ndarray | No
     why = (_unmeasurable(a, reference), _unmeasurable(b, reference))
     errors = [error_to_exact(side, reference) if reason is None and side is not None else None
               for side, reason in zip((a, b), why)]
-    both = errors[0] is not None and errors[1] is not None
-    return ExactComparison(sides, errors[0], errors[1], closer(a, b, reference) if both else None, None, why)
+    closeness = closer(a, b, reference) if a is not None and b is not None and None not in errors else None
+    return ExactComparison(sides, errors[0], errors[1], closeness, None, why)

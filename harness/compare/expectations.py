@@ -229,7 +229,7 @@ class NoWorseThan(ExactExpectation):
     @property
     def spec(self) -> NoWorseSpec:
         value = self.no_worse_than
-        return value if isinstance(value, NoWorseSpec) else NoWorseSpec(side=value)
+        return value if isinstance(value, NoWorseSpec) else NoWorseSpec(side=value, factor=1.0)
 
     def sides_named(self) -> set[str]:
         return {self.spec.side}
@@ -287,7 +287,8 @@ def tag_names() -> set[str]:
 def expectation_type(refusal: str) -> Any:
     """The pydantic type of a YAML expectation: one of the registered kinds, chosen by its key, or a list
     of them (AllOf); `refusal` is the error message for a value that is none of them."""
-    members = tuple(Annotated[kind, Tag(kind.__name__)] for kind in [*KINDS.values(), AllOf])
+    kinds: list[type[Expectation]] = [*KINDS.values(), AllOf]
+    members = tuple(Annotated[kind, Tag(kind.__name__)] for kind in kinds)
     return Annotated[Union[members], Discriminator(  # noqa: UP007 (a runtime tuple of members)
         _kind_of, custom_error_type="expectation_type", custom_error_message=refusal)]
 
