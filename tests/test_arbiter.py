@@ -150,3 +150,29 @@ def test_an_expectation_naming_an_unknown_side_is_one_line_naming_file_line_fiel
     path.write_text(path.read_text().replace("paddle: {", "exact: {").replace("torch", "megatron"))
     with pytest.raises(CaseError, match="'exact' names the float64 reference"):
         load_cases(path)
+
+
+def test_reports_show_each_side_against_exact(tmp_path):
+    import json
+
+    from rich.console import Console
+
+    from harness.reports.html import write_reports
+    from harness.reports.json_report import write_json
+    from harness.reports.terminal import print_comparison
+
+    a, b, x = three_dumps()
+    comparison = compare_dumps(a, b, ExpectSpec(all={"max_ulp_to_exact": 1}), x)
+    data = json.loads(write_json([comparison], tmp_path / "r.json").read_text())
+    [tensor] = data["cases"][0]["tensors"]
+    assert tensor["to_exact"]["a"]["max_ulp"] == 0 and tensor["to_exact"]["b"]["max_ulp"] == 3
+    assert tensor["to_exact"]["closeness"]["a_closer"] == 1 and tensor["closer"] == "A 1"
+    assert data["cases"][0]["reference"]["name"] == REFERENCE_SIDE and data["cases"][0]["reference_missing"] is None
+    write_reports([comparison], tmp_path / "html")
+    html = next((tmp_path / "html").glob("known_diff*.html")).read_text()
+    assert "Against the exact result" in html and "Closer to exact, element by element: A in 1 (0.4%)" in html
+    console = Console(width=250, record=True)
+    print_comparison(comparison, console)
+    text = console.export_text()
+    assert "exact: the float64 reference, run eagerly on the CPU by the megatron worker" in text
+    assert "0/0.43 | 3/0.44" in text and "side paddle is 3 ULP from exact (bound 1 ULP)" in text
