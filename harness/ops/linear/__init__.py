@@ -7,6 +7,8 @@ Signature of every implementation, built-in or user:
 x is [M, in] or [S, B, in]; weight is [out, in] on the Megatron side and [in, out] on the Paddle side
 (the layout adapter hands both the same bits; grad.weight is compared in torch's [out, in] layout);
 bias is [out] or None. options: bias, gradient_accumulation_fusion.
+
+Float64 reference (`linear_reference`): the Megatron variant's own ColumnParallelLinear on float64 tensors.
 """
 
 from __future__ import annotations

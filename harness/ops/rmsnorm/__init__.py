@@ -13,6 +13,9 @@ Megatron variants: `megatron` is megatron-core's own CPU norm (WrappedTorchNorm 
 one of the two with zero-centred gamma. Paddle variants: `fp32_island`, `per_op_rounding`, and Paddle's
 kernels `rms_norm_kernel` (paddle.nn.functional.rms_norm) and `fused_rms_norm` (incubate), which report
 NotAvailable where they cannot run (both on CPU: see harness/ops/rmsnorm/paddle.py).
+
+Float64 reference (`rmsnorm_reference`, whichever Megatron variant a case uses): the `megatron` variant's own code
+on float64 tensors; with zero-centred gamma, which that norm refuses, the TE formula with float64 compute.
 """
 
 from __future__ import annotations
