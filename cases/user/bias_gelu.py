@@ -6,6 +6,8 @@
 This file names the family's rules and imports no framework; the implementations live in
 bias_gelu_megatron.py (torch + megatron-core) and bias_gelu_paddle.py, loaded only in their workers.
 Signature of every implementation: fn(x, bias, options) -> out, x [tokens, hidden], bias [hidden].
+The family's float64 reference (optional for a user family; without one the comparison says why, from
+`no_reference`) has the same signature: bias_gelu_megatron.py's bias_gelu_reference.
 """
 
 from harness.case import Case, Strict
@@ -24,6 +26,7 @@ class BiasGeluFamily(OpFamily):
     variants = {"megatron": ("megatron",), "paddle": ("fp32_island", "megatron_backward")}
     implementations = {"megatron": "bias_gelu_megatron.py:BiasGeluMegatron",
                        "paddle": "bias_gelu_paddle.py:BiasGeluPaddle"}
+    reference = {"megatron": "bias_gelu_megatron.py:bias_gelu_reference"}
 
     def validate_inputs(self, case: Case) -> None:
         x = case.inputs["x"]
