@@ -5,7 +5,8 @@ different machines (the GPU cases: Megatron on the GPU machine, Paddle here):
 
 Runs `xfalign run CASES --side SIDE` and `--side exact` (both on the case's own seed and on N others) into
 a temporary folder, then measures each tensor of SIDE against the reference (harness.compare.exact). OUT.json:
-{"side", "machine", "points": {point: {tensor: {"max_ulp", "normwise_u", "class_mismatch", "dtype"}}}}.
+{"side", "machine", "points": {point: {tensor: {"max_ulp", "normwise_u", "normwise", "class_mismatch", "dtype",
+"md5"}}}}.
 Two such files (one per side) give both sides' errors on the same inputs: inputs are made by xfalign's own
 generator, the same bits on every machine.
 """
@@ -59,7 +60,8 @@ def main() -> int:
                         values = values.reshape(reference.shape)  # e.g. [N] vs [N, 1]: compared flattened, as compare does
                     error = error_to_exact(values, reference)
                     errors[name] = {"max_ulp": error.max_ulp, "normwise_u": error.normwise_u, "normwise": error.normwise,
-                                    "class_mismatch": error.class_mismatch, "dtype": error.dtype}
+                                    "class_mismatch": error.class_mismatch, "dtype": error.dtype,
+                                    "md5": side_dump.digests[name].md5}  # two sides' files: bitwise or not
                 points[side_dump.meta["case_name"]] = errors
     args.output.write_text(json.dumps({"side": args.side, "machine": platform.node(), "points": points}, indent=1))
     print(f"{len(points)} case points measured; {args.output}")
