@@ -38,7 +38,7 @@ def test_one_element_one_ulp_off_fails_the_gate_as_drift(variant_case, tmp_path,
     capsys.readouterr()
     assert main(["gate", str(variant_case("one_ulp_off")), "--baseline", str(baseline), "--html", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "[drift] paddle/out: drifted from the golden: 1 of 683,000 elements differ, max 1 ULP" in out
+    assert re.search(r"\[drift\] paddle/out: drifted from the golden: 1 of [\d,]+ elements differ, max 1 ULP", out), out
     assert "megatron/" not in out.split("FAIL", 1)[-1].split("\n[", 1)[0]  # nothing blamed on Megatron
 
 
