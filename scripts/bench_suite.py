@@ -46,7 +46,7 @@ def run_suite(cases: list[str], jobs: int, folder: Path, reference: bool = True)
                            *([] if reference else ["--no-reference"])],
                           cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.perf_counter() - started
-    if done.returncode != 0:
+    if done.returncode != 0 and reference:  # without the reference, bounds against it fail: expected
         print(done.stdout[-3000:])
     return wall, done.returncode, json.loads(timings.read_text()) if timings.exists() else {"cases": [], "spawned": {}}
 

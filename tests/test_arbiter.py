@@ -176,3 +176,12 @@ def test_reports_show_each_side_against_exact(tmp_path):
     text = console.export_text()
     assert "exact: the float64 reference, run eagerly on the CPU by the megatron worker" in text
     assert "0/0.43 | 3/0.44" in text and "side paddle is 3 ULP from exact (bound 1 ULP)" in text
+
+
+def test_identical_sides_are_measured_once_with_the_same_result():
+    from harness.compare.arbiter import arbitrate
+
+    a, _, x = three_dumps()
+    values, exact = a.tensors["out"], x.tensors["out"]
+    assert arbitrate(values, values.copy(), exact, ("A", "B"), identical=True) == \
+        arbitrate(values, values.copy(), exact, ("A", "B"))

@@ -142,7 +142,8 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None, exact: Dum
     sides = (a.side, b.side)
     for pair, (xa, xb) in zip(pairs, values):
         reference = exact.tensors[pair.name] if exact is not None and pair.name in exact.tensors else None
-        pair.exact = arbitrate(xa, xb, reference, sides, None if exact is not None else exact_missing, pair.name)
+        pair.exact = arbitrate(xa, xb, reference, sides, None if exact is not None else exact_missing, pair.name,
+                               identical=pair.bitwise)
     results = [TensorResult.judge(pair, expect.for_tensor(pair.name)) for pair in pairs]
     return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), results, a.input_digests,
                           reference=SideInfo.of(exact) if exact is not None else None,
