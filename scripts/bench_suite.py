@@ -27,6 +27,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,10 +59,11 @@ def main() -> int:
     parser.add_argument("--warmup", action="store_true", help="run the suite once first (warm compile cache)")
     parser.add_argument("--reference-cost", action="store_true", help="the suite without and with the float64 reference")
     parser.add_argument("--rounds", type=int, default=3, help="with --reference-cost: rounds of both runs")
+    parser.add_argument("--keep-json", type=Path, help="with --reference-cost: keep the last run's JSON report here")
     args = parser.parse_args()
     cases = [str(Path(c).resolve()) for c in args.cases] or sorted(glob.glob(str(ROOT / "cases" / "*.yaml")))
     if args.reference_cost:
-        return reference_cost(cases, args.jobs, args.rounds)
+        return reference_cost(cases, args.jobs, args.rounds, args.keep_json)
     with tempfile.TemporaryDirectory(prefix="xfalign-bench-") as tmp:
         if args.warmup:
             wall, code, _ = run_suite(cases, args.jobs, Path(tmp))
@@ -112,7 +114,7 @@ def main() -> int:
     return 0 if code == 0 else 1
 
 
-def reference_cost(cases: list[str], jobs: int, rounds: int) -> int:
+def reference_cost(cases: list[str], jobs: int, rounds: int, keep_json: Path | None = None) -> int:
     """The suite's wall time without and with the float64 reference, alternating, after one warm-up run."""
     with tempfile.TemporaryDirectory(prefix="xfalign-bench-") as tmp:
         wall, code, _ = run_suite(cases, jobs, Path(tmp))
@@ -126,6 +128,8 @@ def reference_cost(cases: list[str], jobs: int, rounds: int) -> int:
             ratios.append(with_ / without)
             print(f"round {round_}: without {without:.1f} s (exit {code_without}), with {with_:.1f} s (exit {code_with}; "
                   f"the reference's own op time {reference_s:.1f} s summed over cases): ratio {with_ / without:.3f}")
+        if keep_json is not None:
+            shutil.copy(Path(tmp) / "result.json", keep_json)
     print(f"ratio with/without the reference over {rounds} rounds: {min(ratios):.3f}-{max(ratios):.3f} (target <= 1.3); "
           f"{len(cases)} case files, -j {jobs}, {os.cpu_count()} cores")
     return 0 if max(ratios) <= 1.3 and codes == {0} else 1
