@@ -111,10 +111,12 @@ def test_yaml_forms_parse_to_expectation_objects():
     assert spec.model_dump(mode="json") == {"all": "bitwise", "tensors": {"a": "report", "b": {"max_ulp": 2},
                                                                           "c": {"max_abs": 0.001}}}
     assert ExpectSpec(**spec.model_dump(mode="json")) == spec
-    assert list(KINDS) == ["bitwise", "report", "max_ulp", "max_abs"]
+    assert list(KINDS) == ["bitwise", "report", "max_ulp", "max_abs", "max_ulp_to_exact", "max_normwise_to_exact",
+                           "no_worse_than"]
 
 
-@pytest.mark.parametrize("value, words", [("exact", "an expectation is bitwise, report, {max_ulp: N} or {max_abs: N}"),
+@pytest.mark.parametrize("value, words", [("exact", "an expectation is bitwise, report, {max_ulp: N}, {max_abs: N}, {max_ulp_to_exact: N}, "
+                                                    "{max_normwise_to_exact: N}, {no_worse_than: N} or [...]"),
                                           ({"max_ulp": 1, "max_abs": 1}, "an expectation is"),
                                           ({"max_abs": True}, "not a boolean"),
                                           ({"max_abs": -1.0}, "greater than or equal to 0"),

@@ -369,7 +369,7 @@ def test_several_cases_dump_into_safe_folder_names(tmp_path, capsys):
     folders = sorted(p.name for p in (tmp_path / "dumps").iterdir())
     assert len(folders) == 2 and all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in folders), folders
     for folder in folders:
-        assert sorted(p.name for p in (tmp_path / "dumps" / folder).iterdir()) == ["ref", "user"]
+        assert sorted(p.name for p in (tmp_path / "dumps" / folder).iterdir()) == ["exact", "ref", "user"]
         assert (tmp_path / "dumps" / folder / "user" / "meta.json").is_file()
 
 

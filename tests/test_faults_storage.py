@@ -237,10 +237,10 @@ def test_side_never_replaces_a_folder_of_both_sides(tmp_path, capsys):
     (tmp_path / "case.yaml").write_text(TINY)
     assert cli(capsys, "run", "case.yaml", "--dump", "d", "--html", "h").returncode == 0
     before = tree(tmp_path / "d")
-    assert set(p.name for p in (tmp_path / "d").iterdir()) == {"ref", "per_op"}
+    assert set(p.name for p in (tmp_path / "d").iterdir()) == {"ref", "per_op", "exact"}  # exact: the float64 reference
     done = cli(capsys, "run", "case.yaml", "--side", "per_op", "--dump", "d")
     assert done.returncode == 2
-    assert one_error_line(done) == ("xfalign: error: --dump d: holds the xfalign dumps per_op, ref; refusing to "
+    assert one_error_line(done) == ("xfalign: error: --dump d: holds the xfalign dumps exact, per_op, ref; refusing to "
                                     "replace them (give --dump d/per_op to write this side beside them)")
     assert tree(tmp_path / "d") == before
     done = cli(capsys, "run", "case.yaml", "--side", "ref", "--dump", "d/per_op")  # another side's dump
@@ -284,8 +284,8 @@ def test_golden_file_names_and_reference(tmp_path):
 
 def test_committed_golden_of_a_sweep_point_reads_by_its_case_name():
     baseline = ROOT / "baselines" / "cpu-avx2"
-    golden = Golden.read(baseline, "moe_combine[topk=1,dtype=bf16]")
-    assert golden is not None and golden.case == "moe_combine[topk=1,dtype=bf16]" and golden.tensors
+    golden = Golden.read(baseline, "moe_combine[topk=1,dtype=bf16,inputs.probs.dtype=bf16]")
+    assert golden is not None and golden.case == "moe_combine[topk=1,dtype=bf16,inputs.probs.dtype=bf16]" and golden.tensors
 
 
 def test_two_case_ids_that_make_one_file_name_are_refused(tmp_path):

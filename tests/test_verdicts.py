@@ -255,7 +255,7 @@ def test_worker_ignores_a_harness_package_in_the_working_directory(tmp_path, wri
     monkeypatch.chdir(tmp_path / "work")
     with WorkerPool(jobs=1) as pool:  # a worker of its own, started in that folder (not the session's)
         run = run_case(case, pool=pool)
-        assert pool.stats()["spawned"] == {"paddle": 1}
+        assert pool.stats()["spawned"] == {"paddle": 1, "megatron": 1}  # megatron: the float64 reference's worker
     assert run.dumps["island"].meta["xfalign"] == harness.__version__
     assert run.comparison.status == "pass"
 

@@ -29,7 +29,7 @@ class ExactComparison:
     def why_unmeasured(self, side: str) -> str:
         if self.missing:
             return self.missing
-        return (self.unmeasured[self.sides.index(side)] if side in self.sides else None) or "no values"
+        return (self.unmeasured[self.sides.index(side)] if side in self.sides else None) or NO_VALUES
 
     def to_json(self) -> dict:
         return {"sides": list(self.sides), "missing": self.missing,
@@ -38,13 +38,18 @@ class ExactComparison:
                 "unmeasured": list(self.unmeasured)}
 
 
+# Why something is not measured, as codes (harness.reports.text words them); a reason from outside (a family's
+# no_reference, a failed reference) is kept as it came.
+NO_VALUES, NOT_FLOAT, OTHER_SHAPE, NOT_COMPUTED, NOT_GIVEN = "no-values", "not-float", "other-shape", "not-computed", "not-given"
+
+
 def _unmeasurable(array: np.ndarray | None, exact: np.ndarray) -> str | None:
     if array is None:
-        return "this side kept no values of it"
+        return NO_VALUES
     if dtype_name(array.dtype) not in FLOAT_DTYPES:
-        return f"{dtype_name(array.dtype)} values have no rounding error"
+        return NOT_FLOAT
     if array.shape != exact.shape:
-        return f"its shape {list(array.shape)} is not the reference's {list(exact.shape)}"
+        return OTHER_SHAPE
     return None
 
 
@@ -55,9 +60,9 @@ def arbitrate(a: np.ndarray | None, b: np.ndarray | None, exact: np.ndarray | No
     if missing:
         return ExactComparison(sides, missing=missing)
     if exact is None:
-        return ExactComparison(sides, missing=f"the float64 reference computed no {name}")
+        return ExactComparison(sides, missing=NOT_COMPUTED)
     if dtype_name(exact.dtype) not in FLOAT_DTYPES:
-        return ExactComparison(sides, missing=f"{name} is not a float tensor")
+        return ExactComparison(sides, missing=NOT_FLOAT)
     reference = exact.astype(np.float64, copy=False)
     why = (_unmeasurable(a, reference), _unmeasurable(b, reference))
     if identical and a is not None and why[0] is None:

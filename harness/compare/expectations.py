@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from harness.compare.arbiter import NOT_GIVEN
 from harness.compare.findings import Finding, judged
 from harness.compare.pairs import DigestPair, ExactPair, FloatPair, Pair
 
@@ -144,7 +145,7 @@ class ExactExpectation(Expectation):
 
     def _unmeasured(self, pair: Pair, side: str | None = None) -> Finding:
         reason = pair.exact.why_unmeasured(side) if pair.exact is not None and side else \
-            (pair.exact.missing if pair.exact is not None else None) or "no float64 reference was given"
+            (pair.exact.missing if pair.exact is not None else None) or NOT_GIVEN
         return Finding("no-reference", pair.name, False,
                        {"expectation": self.describe(), "side": side, "reason": reason}, self.describe())
 
@@ -276,7 +277,7 @@ def _kind_of(value: Any) -> str | None:
 
 def spellings() -> list[str]:
     """How each kind is written in YAML (for the case loader's message that refuses anything else)."""
-    return [key if not kind.model_fields else f"{{{key}: N}}" for key, kind in KINDS.items()] + ["a list of these"]
+    return [key if not kind.model_fields else f"{{{key}: N}}" for key, kind in KINDS.items()] + ["[...]"]
 
 
 def tag_names() -> set[str]:
@@ -333,6 +334,6 @@ class AllOf(Expectation):
     @field_validator("parts", mode="before")
     @classmethod
     def _each_a_kind(cls, parts: Any) -> Any:
-        adapter = TypeAdapter(expectation_type("an expectation is " + ", ".join(spellings()[:-1])))
+        adapter = TypeAdapter(expectation_type(", ".join(spellings()[:-1])))
         return tuple(part if isinstance(part, Expectation) else adapter.validate_python(part) for part in parts)
 

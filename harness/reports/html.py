@@ -35,8 +35,10 @@ from harness.reports.text import (
     index_title,
     map_text,
     nondeterministic_text,
+    normwise_text,
     note_text,
     phase_text,
+    reason_text,
     reference_text,
     rel_text,
     slot_text,
@@ -130,12 +132,12 @@ def _exact_view(pair) -> dict | None:
     rows = []
     for label, side, error in (("A", exact.sides[0], exact.a), ("B", exact.sides[1], exact.b)):
         if error is None:
-            rows.append({"label": label, "side": side, "unmeasured": exact.why_unmeasured(side)})
+            rows.append({"label": label, "side": side, "unmeasured": reason_text(exact.why_unmeasured(side))})
             continue
         rows.append({"label": label, "side": side, "unmeasured": None, "max_ulp": f"{error.max_ulp:,}",
                      "max_ulp_at": _index(error.max_ulp_flat_index, shape), "mean_ulp": f"{error.mean_ulp:.3g}",
                      "histogram": [(bucket, f"{count:,}") for bucket, count in error.ulp_histogram.items()],
-                     "normwise": f"{error.normwise:.3g}" + (" (absolute: exact is all zeros)" if error.normwise_absolute else ""),
+                     "normwise": normwise_text(error),
                      "normwise_u": "-" if error.normwise_absolute else f"{error.normwise_u:.3g}",
                      "class_mismatch": f"{error.class_mismatch:,}", "dtype": error.dtype, "u": f"2^{int(math.log2(error.unit_roundoff))}"})
     c = exact.closeness

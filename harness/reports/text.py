@@ -73,6 +73,11 @@ def exact_error_text(error, compact: bool = False) -> str:
     return f"{error.max_ulp:,} ULP, {normwise}" + (f", {error.class_mismatch:,} NaN/Inf" if error.class_mismatch else "")
 
 
+def normwise_text(error) -> str:
+    """The normwise error itself (relative, or absolute where the exact values are all zeros)."""
+    return f"{error.normwise:.3g}" + (" (absolute: exact is all zeros)" if error.normwise_absolute else "")
+
+
 def to_exact_text(pair: Pair) -> str:
     exact = pair.exact
     if exact is None or exact.missing:
@@ -99,11 +104,21 @@ def _share(count: int, share: float) -> str:
     return f"{count:,}" if percent == "0%" else percent
 
 
+_REASONS = {"no-values": "this side kept no values of it", "not-float": "not a float tensor (no rounding error)",
+            "other-shape": "its shape is not the reference's", "not-computed": "the float64 reference computed no such tensor",
+            "not-given": "no float64 reference was given"}
+
+
+def reason_text(reason: str | None) -> str:
+    """Why the reference measured nothing: a code of harness.compare.arbiter in words, or a reason given as text."""
+    return _REASONS.get(reason or "not-given", reason or "")
+
+
 def reference_text(comparison: CaseComparison) -> str:
     """The arbiter in one line: the float64 reference, or why there is none."""
     if comparison.reference is not None:
         return f"exact: the float64 reference, run eagerly on the CPU by the {comparison.reference.framework} worker"
-    return f"exact: n/a ({comparison.reference_missing or 'no float64 reference was given'})"
+    return f"exact: n/a ({reason_text(comparison.reference_missing)})"
 
 
 def _metric_text(metric: str, value: float) -> str:
@@ -244,7 +259,7 @@ _DETAILS: dict[str, Callable[[dict], str]] = {
     "exact-error": _exact_error,
     "no-worse-than": _no_worse,
     "no-reference": lambda d: f"{d['expectation']} cannot be judged" + (f" for side {d['side']}" if d.get("side") else "")
-                              + f": {d['reason']}",
+                              + f": {reason_text(d['reason'])}",
     "input": lambda d: f"{_digest(d['golden'])} → {_digest(d['now'])}",
     "generator": lambda d: (f"inputs made by generator {d['golden']}, this run uses {d['now']}: update the goldens "
                             "(xfalign gate ... --update); the tensors were not compared with them"),
@@ -591,7 +606,7 @@ def exact_output_text(output: ExactOutput, reference: str | None) -> str:
     exact = output.exact
     errors = f"to exact A {exact_error_text(exact.a)} | B {exact_error_text(exact.b)}"
     if output.closer is None:
-        unmeasured = "; ".join(f"side {side}: {exact.why_unmeasured(side)}" for side, error in zip("AB", (exact.a, exact.b))
+        unmeasured = "; ".join(f"side {side}: {reason_text(exact.why_unmeasured(side))}" for side, error in zip("AB", (exact.a, exact.b))
                                if error is None)
         return f"{output.name}: {errors}; closer n/a ({unmeasured})"
     closeness = exact.closeness
