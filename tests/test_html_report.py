@@ -53,9 +53,9 @@ def test_report_in_browser(browser, report, tmp_path):
     assert browser.find_element(By.ID, "first-divergent").text == "out"
     rows = {row.get_attribute("data-name"): [c.text for c in row.find_elements(By.TAG_NAME, "td")]
             for row in browser.find_elements(By.CSS_SELECTOR, "#tensors tbody tr")}
-    # columns: tensor, shape, dtype, md5 A, md5 B, bitwise, differing, max ULP, max abs, max rel, expect, holds
-    assert rows["out"][5:8] == ["no", "1", "1"] and rows["out"][11] == "NO"
-    assert rows["grad.x"][5:8] == ["yes", "0", "0"] and rows["grad.x"][11] == "yes"
+    # columns: tensor, shape, dtype, md5 A, md5 B, bitwise, differing, max ULP, max abs, max rel, to exact A | B, closer, expect, holds
+    assert rows["out"][5:8] == ["no", "1", "1"] and rows["out"][13] == "NO"
+    assert rows["grad.x"][5:8] == ["yes", "0", "0"] and rows["grad.x"][13] == "yes"
     assert rows["grad.probs"][5:8] == ["no", "3", "1"]
     section = browser.find_element(By.ID, "t-out")
     assert "[3, 5]" in section.find_element(By.CSS_SELECTOR, "table.worst tbody tr").text  # the 1-ULP element
