@@ -8,6 +8,7 @@ and golden: the fields here, which need no framework, and the framework adapter'
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -21,6 +22,7 @@ NUMERIC_ENV = ("TORCHDYNAMO_DISABLE", "TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "
 LIBRARIES = ("numpy", "ml_dtypes", "safetensors", "xxhash")
 
 
+@functools.cache  # read from the installed metadata once per process: it takes milliseconds each time
 def version_of(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)

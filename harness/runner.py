@@ -223,6 +223,7 @@ class _Job:
     log: Path
     timeout: float
     future: Future
+    then: _Job | None = None  # the follow-up: sent with this job, answered by the worker right after it
 
 
 class _Slot:
@@ -244,11 +245,32 @@ class _Slot:
                     return
                 job = self.queue.popleft()
             if not job.future.set_running_or_notify_cancel():
+                if job.then is not None:
+                    job.then.future.cancel()
                 continue
             try:
                 job.future.set_result(self._run(job))
             except BaseException as error:  # noqa: BLE001  (handed to the waiting case)
                 job.future.set_exception(error)
+                if job.then is not None and job.then.future.set_running_or_notify_cancel():
+                    job.then.future.set_exception(error)
+                continue
+            if job.then is not None:
+                self._follow(job.then)
+
+    def _follow(self, job: _Job) -> None:
+        """The follow-up's record, which the worker sends after the first one's (read even when the
+        follow-up's future was cancelled meanwhile: the channel stays in step)."""
+        wanted = job.future.set_running_or_notify_cancel()
+        try:
+            assert self.process is not None  # the first job's record came from it
+            result = self._await(job, self.process, time.monotonic())
+        except BaseException as error:  # noqa: BLE001  (handed to the waiting case)
+            if wanted:
+                job.future.set_exception(error)
+            return
+        if wanted:
+            job.future.set_result(result)
 
     def _spawn(self) -> _Process:
         pool = self.pool
@@ -278,7 +300,6 @@ class _Slot:
         return process
 
     def _run(self, job: _Job) -> dict:
-        pool = self.pool
         if self.process is not None and self.process.exited():  # died while idle: not this case's fault
             self.process.stop()
             self.process = None
@@ -287,7 +308,12 @@ class _Slot:
         if process is None:
             process = self.process = self._spawn()
         started = process.started if fresh else time.monotonic()
-        sent = process.send(job.payload)
+        payload = job.payload if job.then is None else dict(job.payload, then=job.then.payload)
+        return self._await(job, process, started, process.send(payload))
+
+    def _await(self, job: _Job, process: _Process, started: float, sent: bool = True) -> dict:
+        """The worker's record for `job`; SideCrashed if it dies, or runs past the job's timeout from `started`."""
+        pool = self.pool
         while True:
             if pool._closed:
                 process.stop()
@@ -372,7 +398,7 @@ class WorkerPool:
                     queue.clear()
             for process in processes:
                 process.kill()  # a slot's thread sees its pipe close and stops (reaps) its own worker
-            for job in pending:
+            for job in pending + [job.then for job in pending if job.then is not None]:
                 if job.future.set_running_or_notify_cancel():
                     job.future.set_exception(PoolClosed("the worker pool was closed"))
             for slots in self._slots.values():
@@ -431,18 +457,32 @@ class WorkerPool:
 
     def submit(self, key: tuple, side: str, payload: dict, log: Path, timeout: float) -> Future:
         """Queue one side's job for the worker of `key`; the future's result is the worker's record."""
-        future: Future = Future()
+        job = _Job(side, dict(payload, log=str(log)), log, timeout, Future())
+        self._queue(key, job)
+        return job.future
+
+    def submit_followed(self, key: tuple, first: tuple[str, dict, Path, float],
+                        then: tuple[str, dict, Path, float]) -> tuple[Future, Future]:
+        """Like `submit` for `first` (side, payload, log, timeout), and `then` run by the same worker right
+        after it, in one job (the case's float64 reference after its Megatron side: the inputs, the job's
+        round trip and Megatron's group serve both). The two futures, each with its own record and timeout."""
+        job = _Job(first[0], dict(first[1], log=str(first[2])), first[2], first[3], Future(),
+                   then=_Job(then[0], dict(then[1], log=str(then[2])), then[2], then[3], Future()))
+        self._queue(key, job)
+        assert job.then is not None
+        return job.future, job.then.future
+
+    def _queue(self, key: tuple, job: _Job) -> None:
         with self._lock:
             if self._closed:
                 raise PoolClosed("the worker pool was closed")
             queue = self._queues.setdefault(key, deque())
-            queue.append(_Job(side, dict(payload, log=str(log)), log, timeout, future))
+            queue.append(job)
             slots = self._slots.setdefault(key, [])
             busy = len(queue) + sum(slot.process is not None for slot in slots)
             if len(slots) < self.workers_per_key and (not slots or busy > len(slots)):
                 slots.append(_Slot(self, key, queue, len(slots)))
             self._wake.notify_all()
-        return future
 
 
 class _DefaultPool:
@@ -504,6 +544,11 @@ def _reference_result(job: Future, folder: Path) -> tuple[Dump | None, str, dict
         return Dump.read(folder, check_bytes=False), "", record.get("timings", {})
     except DumpError as error:
         return None, f"the float64 reference wrote a dump that cannot be read back: {error}", record.get("timings", {})
+
+
+def _target(folder: Path, workdir: Path) -> dict:
+    """Where a job writes its dump; one in the case's temporary folder (removed after) need not be fsynced."""
+    return {"dump": str(folder), "durable": not Path(folder).is_relative_to(workdir)}
 
 
 def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, dict]:
@@ -570,18 +615,24 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
         sides = [side for side in dump_dirs if side != REFERENCE_SIDE]
         job = {"case": case.to_json(), "source": case.source, "inputs": str(inputs_file), "repeat": repeat,
                "numerics": profile.model_dump(mode="json"), "profile_env": dict(profile.env), "cwd": os.getcwd(), "env": env}
-        for index, side in enumerate(sides):
-            logs[side] = workdir / f"output-{index}-{safe_name(side)}.log"
-            futures[side] = pool.submit(_key(case, side, profile), side, dict(job, side=side, dump=str(dump_dirs[side])),
-                                        logs[side], limit)
-        reference_job = None
         alone = REFERENCE_SIDE in dump_dirs and not sides  # `run --side exact`: the reference only
+        follow = None  # the float64 reference's job: (side, payload, log, timeout)
         if reference and (len(sides) == 2 or alone) and reference_framework(case) is not None:
             dump_dirs.setdefault(REFERENCE_SIDE, workdir / "dumps" / REFERENCE_SIDE)
-            key = _reference_key(case, profile)
+            reference_key = _reference_key(case, profile)
             logs[REFERENCE_SIDE] = workdir / "output-reference.log"
-            payload = dict(job, side=next(iter(case.sides)), dump=str(dump_dirs[REFERENCE_SIDE]), reference=key[0], repeat=1)
-            reference_job = pool.submit(key, REFERENCE_SIDE, payload, logs[REFERENCE_SIDE], limit)
+            follow = (REFERENCE_SIDE, dict(job, side=next(iter(case.sides)), **_target(dump_dirs[REFERENCE_SIDE], workdir),
+                                           reference=reference_key[0], repeat=1), logs[REFERENCE_SIDE], limit)
+        reference_job = None
+        for index, side in enumerate(sides):
+            logs[side] = workdir / f"output-{index}-{safe_name(side)}.log"
+            key, submitted = _key(case, side, profile), (side, dict(job, side=side, **_target(dump_dirs[side], workdir)), logs[side], limit)
+            if follow is not None and reference_job is None and key == reference_key:  # after the side, in its job
+                futures[side], reference_job = pool.submit_followed(key, submitted, follow)
+            else:
+                futures[side] = pool.submit(key, *submitted)
+        if follow is not None and reference_job is None:
+            reference_job = pool.submit(reference_key, *follow)
         records = _wait_all(futures, logs)
         dumps = {}
         for side in sides:

@@ -27,6 +27,8 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,6 +36,7 @@ import numpy as np
 from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
+from harness.atomic import unsynced
 from harness.case import REFERENCE_SIDE, Case, SideSpec
 from harness.digest import Digest
 from harness.dtypes import FLOAT_DTYPES, dtype_name
@@ -124,7 +127,7 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
         runs = [run_side(case, job["side"], arrays, profile, adapter, timings) for _ in range(job.get("repeat", 1))]
     except NotAvailable as reason:
         meta |= {"provenance": "-", "environment": {}, "inputs": {}, "unavailable": str(reason)}
-        return _write_dump(Dump(meta, {}), job["dump"], timings)
+        return _write_dump(Dump(meta, {}), job, timings)
     output = runs[0]
     meta |= {
         "provenance": output.provenance,
@@ -134,7 +137,7 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
         "repeats": {name: [Digest.of(run.tensors[name], xxh3=False).md5 if name in run.tensors else None for run in runs]
                     for name in output.tensors} if len(runs) > 1 else {},
     }
-    return _write_dump(Dump(meta, output.tensors), job["dump"], timings)
+    return _write_dump(Dump(meta, output.tensors), job, timings)
 
 
 def _reference_job(job: dict, case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, timings: dict) -> Path:
@@ -154,20 +157,23 @@ def _reference_job(job: dict, case: Case, profile: NumericsProfile, adapter: Fra
     # the inputs as given (before widening): the same digests as the sides', which compare checks
     meta |= {"provenance": output.provenance, "environment": output.environment, "repeats": {},
              "inputs": {name: Digest.of(array, xxh3=False).to_json() for name, array in arrays.items()}}
-    return _write_dump(Dump(meta, output.tensors), job["dump"], timings)
+    return _write_dump(Dump(meta, output.tensors), job, timings)
 
 
 class DumpWriteFailed(Exception):
     """The dump could not be written (unwritable folder, full disk): an output error, not a crash."""
 
 
-def _write_dump(dump: Dump, directory: str, timings: dict) -> Path:
+def _write_dump(dump: Dump, job: dict, timings: dict) -> Path:
+    """The job's dump at job["dump"]; fsynced unless the job says it is a temporary one (`"durable": False`:
+    a run without --dump, whose folder is removed when the run ends)."""
     started = time.perf_counter()
     try:
-        return dump.write(directory)
+        with nullcontext() if job.get("durable", True) else unsynced():
+            return dump.write(job["dump"])
     except (OSError, SafetensorError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise DumpWriteFailed(f"cannot write the dump {directory}: {reason}") from error
+        raise DumpWriteFailed(f"cannot write the dump {job['dump']}: {reason}") from error
     finally:
         timings["dump_s"] = time.perf_counter() - started
 
@@ -268,41 +274,88 @@ def _redirect(log: str | None, fallback: int) -> None:
         os.dup2(fallback, 2)
 
 
-def serve_one(job: dict) -> dict:
-    """Run one job in this long-lived worker and put the process back as it was; the result record."""
+def serve_one(job: dict, send: Callable[[dict], None], own_log: int) -> None:
+    """Run one job in this long-lived worker, send its result record, and put the process back as it was.
+    A job with a follow-up ("then": the case's float64 reference, in the same worker) sends two records: the
+    side's as soon as its dump is written, then the follow-up's, which runs on the process put back as it
+    was before the side except for the Megatron group the side set up (held for it: harness.ops.megatron_group)."""
     timings: dict = {}
     started = time.perf_counter()
+    follow = job.get("then")
     try:
         if not _Prepared.done:
             timings |= _prepare(job)
         if job.get("prepare_only"):  # started ahead of its first case: the import only
-            return {"prepared": True, "timings": timings | {"framework": _Prepared.framework}}
+            return send({"prepared": True, "timings": timings | {"framework": _Prepared.framework}})
         state = _CaseState(job)
     except Exception as error:
         traceback.print_exc()
-        return {"error": f"{type(error).__name__}: {error}", "exit": 1, "timings": timings}
+        send({"error": f"{type(error).__name__}: {error}", "exit": 1, "timings": timings})
+        return send(_not_run()) if follow else None
+    if follow is None:
+        record = _attempt(job, timings)
+        _restore(state, timings)
+        timings["total_s"] = time.perf_counter() - started
+        return send(record | {"timings": timings})
+    with _held_groups():
+        record = _attempt(job, timings)
+        timings["total_s"] = time.perf_counter() - started
+        send(record | {"timings": timings})
+        started, timings = time.perf_counter(), {}
+        _restore(state, timings)  # the held group stays
+        if "dump" not in record:
+            return send(_not_run())
+        _redirect(follow.get("log"), own_log)
+        state = _CaseState(follow)
+        record = _attempt(follow, timings)
+    _restore(state, timings)
+    timings["total_s"] = time.perf_counter() - started
+    send(record | {"timings": timings})
+
+
+def _attempt(job: dict, timings: dict) -> dict:
+    """run_job's record: its dump, or why it has none."""
     try:
-        written = run_job(job, timings)
-        record: dict[str, object] = {"dump": str(written)}
+        return {"dump": str(run_job(job, timings))}
     except DumpWriteFailed as error:
-        record = {"output_error": str(error)}
+        return {"output_error": str(error)}
     except Exception as error:
         traceback.print_exc()  # to the case's log, whose tail the parent shows
-        record = {"error": f"{type(error).__name__}: {error}", "exit": 1}
-    finally:
-        reset = time.perf_counter()
-        state.restore()
-        timings["reset_s"] = time.perf_counter() - reset
-    timings["total_s"] = time.perf_counter() - started
-    return record | {"timings": timings}
+        return {"error": f"{type(error).__name__}: {error}", "exit": 1}
+
+
+def _restore(state: _CaseState, timings: dict) -> None:
+    started = time.perf_counter()
+    state.restore()
+    timings["reset_s"] = timings.get("reset_s", 0) + time.perf_counter() - started
+
+
+def _not_run() -> dict:
+    return {"error": "not run: the side it follows failed", "exit": 1, "timings": {}}
+
+
+def _held_groups():
+    """Megatron's one-process group, when this worker has Megatron, kept from the side to its follow-up."""
+    if "megatron.core.parallel_state" not in sys.modules:
+        return nullcontext()
+    from harness.ops.megatron_group import hold
+
+    return hold()
 
 
 def serve(fd_in: int, fd_out: int) -> int:
-    """The long-lived worker's loop: a job per line in, a result per line out, until fd_in closes."""
+    """The long-lived worker's loop: a job per line in, a result per line out (two for a job with a
+    follow-up), until fd_in closes."""
     for fd in (fd_in, fd_out):
         os.set_inheritable(fd, False)  # helpers started by user code do not get the parent's channel
     own_log = os.dup(1)
     buffer = b""
+
+    def send(record: dict) -> None:
+        data = (json.dumps(record) + "\n").encode()
+        while data:
+            data = data[os.write(fd_out, data):]
+
     while True:
         while b"\n" not in buffer:
             chunk = os.read(fd_in, 1 << 16)
@@ -313,12 +366,9 @@ def serve(fd_in: int, fd_out: int) -> int:
         job = json.loads(line)
         _redirect(job.get("log"), own_log)
         try:
-            record = serve_one(job)  # SystemExit / KeyboardInterrupt from user code end the worker
+            serve_one(job, send, own_log)  # SystemExit / KeyboardInterrupt from user code end the worker
         finally:
             _redirect(None, own_log)
-        data = (json.dumps(record) + "\n").encode()
-        while data:
-            data = data[os.write(fd_out, data):]
 
 
 def main(argv: list[str]) -> int:

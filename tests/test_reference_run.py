@@ -5,6 +5,7 @@ import json
 import textwrap
 
 import numpy as np
+import pytest
 
 from harness.case import REFERENCE_SIDE, load_cases
 from harness.cli import main
@@ -94,3 +95,49 @@ def test_run_seeds_runs_each_case_on_other_seeds(write_case, tmp_path, capsys):
     assert [c["case"] for c in data["cases"]] == ["case[seed=1005]", "case[seed=2005]"]
     assert len({c["inputs"]["x"]["md5"] for c in data["cases"]}) == 2
     assert all(t["to_exact"]["b"]["max_ulp"] <= 1 for c in data["cases"] for t in c["tensors"])
+
+
+def test_a_reference_that_kills_its_worker_is_na_and_the_sides_results_stand(write_case, tmp_path):
+    """The reference runs after the Megatron side in that side's job: its crash is the reference's (N/A), not
+    the side's, and the next case gets a fresh worker and its reference."""
+    (tmp_path / "family.py").write_text(textwrap.dedent("""
+        from harness.ops.swiglu import SwigluFamily
+
+        class KillsItsWorker(SwigluFamily):
+            reference = {"megatron": "crash.py:reference"}
+        """))
+    (tmp_path / "crash.py").write_text("import os, signal\n\ndef reference(x, bias, probs, options):\n"
+                                       "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    [crashing] = load_cases(write_case((CASE % "fp32_island").replace("op: swiglu", "op: family.py:KillsItsWorker")
+                                       .replace("{max_ulp_to_exact: {paddle: 1}}", "report"), "crash.yaml"))
+    [normal] = load_cases(write_case(CASE % "fp32_island", "normal.yaml"))
+    with WorkerPool(jobs=2) as pool:
+        run = run_case(crashing, pool=pool)
+        after = run_case(normal, pool=pool)
+        spawned = pool.stats()["spawned"]
+    comparison = run.comparison
+    assert comparison.reference is None and comparison.passed
+    assert [result.name for result in comparison.tensors] == ["out", "grad.x"]
+    assert comparison.reference_missing.startswith("the float64 reference crashed: side 'exact' was killed by SIGKILL")
+    assert after.comparison.reference is not None and after.comparison.passed
+    assert spawned["megatron"] == 2  # the killed worker, then its replacement
+
+
+@pytest.mark.xdist_group("in_process_frameworks")
+def test_a_hold_sets_megatrons_group_up_once_and_tears_it_down_when_it_ends(torch):
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from harness.ops.megatron_group import hold, one_process_group
+
+    with one_process_group("cpu"):
+        assert parallel_state.model_parallel_is_initialized()
+    assert not dist.is_initialized()  # without a hold: torn down after the block
+    with hold():
+        with one_process_group("cpu"):
+            world = dist.group.WORLD
+        assert dist.is_initialized() and parallel_state.model_parallel_is_initialized()
+        with one_process_group("cpu"):
+            assert dist.group.WORLD is world  # reused, not set up again
+    assert not dist.is_initialized() and not parallel_state.model_parallel_is_initialized()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.compare.exact import Closeness, ExactError, closer, error_to_exact
+from harness.compare.exact import Closeness, ExactError, measure
 from harness.dtypes import FLOAT_DTYPES, dtype_name
 
 
@@ -66,12 +66,13 @@ def arbitrate(a: np.ndarray | None, b: np.ndarray | None, exact: np.ndarray | No
     reference = exact.astype(np.float64, copy=False)
     why = (_unmeasurable(a, reference), _unmeasurable(b, reference))
     if identical and a is not None and why[0] is None:
-        error = error_to_exact(a, reference)
+        (error,), _ = measure([a], reference)
         n = error.elements
         ties = Closeness(elements=n, a_closer=0, b_closer=0, ties=n, identical=n, a_share=0.0, b_share=0.0,
                          tie_share=1.0 if n else 0.0)
         return ExactComparison(sides, error, error, ties, None, why)
-    errors = [error_to_exact(side, reference) if reason is None and side is not None else None
-              for side, reason in zip((a, b), why)]
-    closeness = closer(a, b, reference) if a is not None and b is not None and None not in errors else None
-    return ExactComparison(sides, errors[0], errors[1], closeness, None, why)
+    measurable = [side for side, reason in zip((a, b), why) if reason is None and side is not None]
+    found, closeness = measure(measurable, reference, closeness=True)
+    errors = iter(found)
+    a_error, b_error = (next(errors) if reason is None and side is not None else None for side, reason in zip((a, b), why))
+    return ExactComparison(sides, a_error, b_error, closeness, None, why)

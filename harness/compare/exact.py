@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -100,22 +101,35 @@ def _flat(side: np.ndarray, exact: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return np.ascontiguousarray(side).reshape(-1), np.ascontiguousarray(exact).reshape(-1), name
 
 
+def _square_sum(x: np.ndarray) -> tuple[float, int]:
+    """sum(x**2) as (s, k), the sum being s * 4**k: x is scaled by 2**-k, k the exponent of the power of two
+    above its largest magnitude (exact), so squares of huge values do not overflow and those of tiny ones do
+    not vanish. Where the largest magnitude is within 2**+-400 the scaling can wait: x @ x equals the scaled
+    sum times 4**k up to its own rounding, and a square that underflows is below 2**-1022 while the sum is at
+    least top**2 >= 2**-800, far below the sum's rounding."""
+    if not x.size:
+        return 0.0, 0
+    top = max(float(x.max()), -float(x.min()))
+    if top == 0:
+        return 0.0, 0
+    k = math.frexp(top)[1]
+    if -400 < k < 400:
+        return float(x @ x) * 0.25 ** k, k
+    return float(np.sum(np.square(np.ldexp(x, -k)))), k
+
+
 class _Squares:
-    """A sum of squares kept as s * 4**k: each chunk is scaled by the power of two above its largest magnitude
-    (exact), so squares of tiny or huge float64 values neither underflow nor overflow."""
+    """A sum of squares kept as s * 4**k (_square_sum), chunk after chunk."""
 
     def __init__(self) -> None:
         self.k, self.s = 0, 0.0
 
     def add(self, x: np.ndarray) -> None:
-        top = float(np.max(np.abs(x), initial=0.0))
-        if top == 0:
+        self.add_sum(*_square_sum(x))
+
+    def add_sum(self, s: float, k: int) -> None:
+        if not s:
             return
-        k = math.frexp(top)[1]
-        # x / 2**k is exact; where the squares can neither overflow nor fall below the normal range (the usual
-        # case) the scaling can wait: x @ x equals the scaled sum times 4**k up to its own rounding
-        tiny = float(np.min(np.abs(x[x != 0]), initial=top))
-        s = float(x @ x) * 0.25 ** k if 1e-140 < tiny and top < 1e140 else float(np.sum(np.square(np.ldexp(x, -k))))
         if self.s and self.k > k:
             s, k = math.ldexp(s, 2 * (k - self.k)), self.k
         elif self.s:
@@ -133,46 +147,109 @@ class _Squares:
             return math.inf
 
 
-def error_to_exact(side: np.ndarray, exact: np.ndarray) -> ExactError:
-    """ULP distance of `side` to the correctly rounded `exact`, and its normwise relative error (module docstring)."""
-    flat, ref, name = _flat(side, exact)
-    layout = FloatLayout(name)
-    finite = agree = 0
-    top, top_at, ulp_sum = 0, None, 0.0
-    histogram = [0] * len(ULP_BUCKETS)
-    error, norm = _Squares(), _Squares()
-    for lo in range(0, flat.size, CHUNK):
-        s, x = flat[lo:lo + CHUNK], ref[lo:lo + CHUNK]
-        us, ur = unsigned_view(s), unsigned_view(round_float64(x, name))
+class _Chunk:
+    """One chunk of the reference, x (its first flat index lo): rounded once per dtype and squared once,
+    whatever the number of sides measured against it."""
+
+    def __init__(self, x: np.ndarray, lo: int):
+        self.x, self.lo = x, lo
+        self._rounded: dict[str, np.ndarray] = {}
+
+    def rounded_bits(self, name: str) -> np.ndarray:
+        """x correctly rounded to dtype `name`, as its bit patterns."""
+        if name not in self._rounded:
+            self._rounded[name] = unsigned_view(round_float64(self.x, name))
+        return self._rounded[name]
+
+    @cached_property
+    def squares(self) -> tuple[float, int]:
+        return _square_sum(self.x)
+
+
+class _SideError:
+    """One side's error against exact, chunk after chunk (error_to_exact's measures)."""
+
+    def __init__(self, name: str, size: int):
+        self.name, self.size, self.layout = name, size, FloatLayout(name)
+        self.finite = self.agree = 0
+        self.top, self.ulp_sum = 0, 0.0
+        self.top_at: int | None = None
+        self.below_edges = [0] * len(_EDGES)  # elements with ulp < each edge
+        self.error, self.norm = _Squares(), _Squares()
+
+    def add(self, s: np.ndarray, chunk: _Chunk) -> tuple[np.ndarray, np.ndarray | None]:
+        """The side's values s of one chunk of the reference. Returns the side widened to float64 and, where
+        every element of s and the reference is finite, s - x (else None)."""
+        layout, x = self.layout, chunk.x
+        us, ur = unsigned_view(s), chunk.rounded_bits(self.name)
         mag_s, mag_r = us & layout.magnitude_mask, ur & layout.magnitude_mask
         fin_s, fin_r = mag_s < layout.inf_bits, mag_r < layout.inf_bits
-        nans = (mag_s > layout.inf_bits) & (mag_r > layout.inf_bits)
-        agree += int(np.count_nonzero(~fin_s & ~fin_r & (nans | (us == ur))))
-        where = np.flatnonzero(fin_s & fin_r)
-        ulp = _ulp_bits(us[where], ur[where], layout)
-        finite += ulp.size
+        all_finite = bool(fin_s.all()) and bool(fin_r.all())
+        if all_finite:  # nearly always: no element is picked out
+            where, ulp = None, _ulp_bits(us, ur, layout)
+        else:
+            nans = (mag_s > layout.inf_bits) & (mag_r > layout.inf_bits)
+            self.agree += int(np.count_nonzero(~fin_s & ~fin_r & (nans | (us == ur))))
+            where = np.flatnonzero(fin_s & fin_r)
+            ulp = _ulp_bits(us[where], ur[where], layout)
+        self.finite += ulp.size
         if ulp.size:
             arg = int(np.argmax(ulp))
-            if int(ulp[arg]) > top or top_at is None:
-                top, top_at = int(ulp[arg]), lo + int(where[arg])
-            ulp_sum += float(ulp.sum(dtype=np.float64))
-            # bucket i holds edge_i <= ulp < edge_i+1 (as metrics does), counted in one pass
-            counts = np.bincount(np.searchsorted(np.asarray(_EDGES, ulp.dtype), ulp, side="right"),
-                                 minlength=len(ULP_BUCKETS))
-            histogram = [h + int(c) for h, c in zip(histogram, counts)]
+            if int(ulp[arg]) > self.top or self.top_at is None:
+                self.top, self.top_at = int(ulp[arg]), chunk.lo + int(arg if where is None else where[arg])
+            self.ulp_sum += float(ulp.sum(dtype=np.float64))
+            # bucket i holds edge_i <= ulp < edge_i+1, as metrics' histogram
+            self.below_edges = [n + int(np.count_nonzero(ulp < edge)) for n, edge in zip(self.below_edges, _EDGES)]
         wide = s.astype(np.float64)  # exact: every narrower float is a float64
+        if all_finite:  # x finite too (it rounds to a finite value): both norms over every element
+            difference = wide - x
+            self.error.add(difference)
+            self.norm.add_sum(*chunk.squares)
+            return wide, difference
         both = np.isfinite(wide) & np.isfinite(x)
         with np.errstate(invalid="ignore", over="ignore"):
-            error.add(np.where(both, wide - x, 0.0))
-        norm.add(np.where(both, x, 0.0))
-    u = UNIT_ROUNDOFF[name]
-    error_norm, exact_norm = error.root(), norm.root()
-    normwise = error.root(norm) if exact_norm else error_norm
-    return ExactError(
-        dtype=name, elements=flat.size, finite=finite, nonfinite_agree=agree, class_mismatch=flat.size - finite - agree,
-        max_ulp=top, max_ulp_flat_index=top_at, mean_ulp=ulp_sum / finite if finite else 0.0,
-        ulp_histogram=dict(zip(ULP_BUCKETS, histogram)), unit_roundoff=u, error_norm=error_norm, exact_norm=exact_norm,
-        normwise=normwise, normwise_u=normwise / u, normwise_absolute=not exact_norm)
+            self.error.add(np.where(both, wide - x, 0.0))
+        self.norm.add(np.where(both, x, 0.0))
+        return wide, None
+
+    def result(self) -> ExactError:
+        u, finite = UNIT_ROUNDOFF[self.name], self.finite
+        counts = [*self.below_edges, finite]
+        histogram = [counts[0]] + [high - low for low, high in zip(counts, counts[1:])]
+        error_norm, exact_norm = self.error.root(), self.norm.root()
+        normwise = self.error.root(self.norm) if exact_norm else error_norm
+        return ExactError(
+            dtype=self.name, elements=self.size, finite=finite, nonfinite_agree=self.agree,
+            class_mismatch=self.size - finite - self.agree, max_ulp=self.top, max_ulp_flat_index=self.top_at,
+            mean_ulp=self.ulp_sum / finite if finite else 0.0, ulp_histogram=dict(zip(ULP_BUCKETS, histogram)),
+            unit_roundoff=u, error_norm=error_norm, exact_norm=exact_norm, normwise=normwise, normwise_u=normwise / u,
+            normwise_absolute=not exact_norm)
+
+
+class _Closeness:
+    """Which of two sides is closer to exact, chunk after chunk."""
+
+    def __init__(self, size: int):
+        self.size, self.a_closer, self.b_closer, self.identical = size, 0, 0, 0
+
+    def add(self, va: np.ndarray, vb: np.ndarray, x: np.ndarray, da: np.ndarray | None, db: np.ndarray | None) -> None:
+        """va, vb: the sides widened to float64; da, db: their differences to x where all three are finite."""
+        if da is not None and db is not None:
+            da, db = np.abs(da), np.abs(db)
+            self.a_closer += int(np.count_nonzero(da < db))
+            self.b_closer += int(np.count_nonzero(db < da))
+            self.identical += int(np.count_nonzero(va == vb))
+            return
+        da, db = _distance(va, x), _distance(vb, x)
+        nan_a, nan_b = np.isnan(da), np.isnan(db)
+        self.a_closer += int(np.count_nonzero((da < db) | (nan_b & ~nan_a)))
+        self.b_closer += int(np.count_nonzero((db < da) | (nan_a & ~nan_b)))
+        self.identical += int(np.count_nonzero((va == vb) | (np.isnan(va) & np.isnan(vb))))
+
+    def result(self) -> Closeness:
+        ties, n = self.size - self.a_closer - self.b_closer, max(self.size, 1)
+        return Closeness(elements=self.size, a_closer=self.a_closer, b_closer=self.b_closer, ties=ties,
+                         identical=self.identical, a_share=self.a_closer / n, b_share=self.b_closer / n, tie_share=ties / n)
 
 
 def _distance(v: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -182,19 +259,29 @@ def _distance(v: np.ndarray, x: np.ndarray) -> np.ndarray:
     return d
 
 
+def measure(sides: list[np.ndarray], exact: np.ndarray, closeness: bool = False) -> tuple[list[ExactError], Closeness | None]:
+    """Each side's error to exact (error_to_exact) and, with `closeness` and two sides, which is closer
+    (closer), in one pass over the elements: the reference is rounded once per dtype and squared once."""
+    flats = [_flat(side, exact) for side in sides]
+    ref = flats[0][1] if flats else np.ascontiguousarray(exact).reshape(-1)
+    errors = [_SideError(name, flat.size) for flat, _, name in flats]
+    pair = _Closeness(ref.size) if closeness and len(sides) == 2 else None
+    for lo in range(0, ref.size, CHUNK):
+        chunk = _Chunk(ref[lo:lo + CHUNK], lo)
+        seen = [error.add(flat[lo:lo + CHUNK], chunk) for (flat, _, _), error in zip(flats, errors)]
+        if pair is not None:
+            (va, da), (vb, db) = seen
+            pair.add(va, vb, chunk.x, da, db)
+    return [error.result() for error in errors], pair.result() if pair else None
+
+
+def error_to_exact(side: np.ndarray, exact: np.ndarray) -> ExactError:
+    """ULP distance of `side` to the correctly rounded `exact`, and its normwise relative error (module docstring)."""
+    return measure([side], exact)[0][0]
+
+
 def closer(a: np.ndarray, b: np.ndarray, exact: np.ndarray) -> Closeness:
     """Per element, which of sides `a` and `b` is closer to `exact` (module docstring)."""
-    fa, ref, _ = _flat(a, exact)
-    fb, _, _ = _flat(b, exact)
-    a_closer = b_closer = identical = 0
-    for lo in range(0, ref.size, CHUNK):
-        x = ref[lo:lo + CHUNK]
-        va, vb = fa[lo:lo + CHUNK].astype(np.float64), fb[lo:lo + CHUNK].astype(np.float64)
-        da, db = _distance(va, x), _distance(vb, x)
-        nan_a, nan_b = np.isnan(da), np.isnan(db)
-        a_closer += int(np.count_nonzero((da < db) | (nan_b & ~nan_a)))
-        b_closer += int(np.count_nonzero((db < da) | (nan_a & ~nan_b)))
-        identical += int(np.count_nonzero((va == vb) | (np.isnan(va) & np.isnan(vb))))
-    ties, n = ref.size - a_closer - b_closer, max(ref.size, 1)
-    return Closeness(elements=ref.size, a_closer=a_closer, b_closer=b_closer, ties=ties, identical=identical,
-                     a_share=a_closer / n, b_share=b_closer / n, tie_share=ties / n)
+    closeness = measure([a, b], exact, closeness=True)[1]
+    assert closeness is not None
+    return closeness

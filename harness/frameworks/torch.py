@@ -426,7 +426,11 @@ def device_digest(tensor) -> PendingDigest:
 
 
 def _destroy_process_groups() -> None:
-    """Megatron's parallel state and every torch.distributed group a case left behind."""
+    """Megatron's parallel state and every torch.distributed group a case left behind; not the group a job
+    holds for its float64 reference (harness.ops.megatron_group.hold), torn down when the hold ends."""
+    group = sys.modules.get("harness.ops.megatron_group")
+    if group is not None and group.holds_world():
+        return
     megatron_state = sys.modules.get("megatron.core.parallel_state")
     if megatron_state is not None:
         megatron_state.destroy_model_parallel()

@@ -20,6 +20,7 @@ from harness.case import Case, FieldProblem
 from harness.compare.expectations import sides_named
 from harness.dtypes import FLOAT_DTYPES
 from harness.errors import validation_problem
+from harness.fingerprint import version_of
 
 
 class NotAvailable(Exception):
@@ -273,11 +274,8 @@ def code_origin(obj: Any) -> str | None:
     distributions = _distributions().get((module or "").partition(".")[0])
     if not path or not distributions:
         return None
-    try:
-        version = importlib.metadata.version(distributions[0])
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return f"{distributions[0]} {version}, {path}"
+    version = version_of(distributions[0])
+    return f"{distributions[0]} {version}, {path}" if version else None
 
 
 _DOTTED = re.compile(r"(?<![\w./-])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
