@@ -512,17 +512,21 @@ def class_of(case: Case, numerics: str | None = None) -> str:
 
 def _key(case: Case, side: str, profile: NumericsProfile) -> tuple:
     """Which worker runs a side: what must be set before its framework is imported."""
-    return (case.sides[side].framework, case.device_of(side), json.dumps(profile.model_dump(mode="json"), sort_keys=True))
+    return _worker_key(case.sides[side].framework, case.device_of(side), profile)
+
+
+def _worker_key(framework: str, device: str, profile: NumericsProfile) -> tuple:
+    return (framework, device, json.dumps(profile.model_dump(mode="json"), sort_keys=True))
 
 
 def _reference_key(case: Case, profile: NumericsProfile) -> tuple:
     """The worker that computes the case's float64 reference (on its CPU): the worker of a side of the
-    reference's framework where the case has one, so no process is started for it."""
+    reference's framework where the case has one (the reference follows that side in its job), so no
+    process is started for it."""
     framework = reference_framework(case)
+    assert framework is not None  # asked only for a case whose family has a reference
     host = next((side for side, spec in case.sides.items() if spec.framework == framework), None)
-    if host is not None:
-        return _key(case, host, profile)
-    return (framework, "cpu", json.dumps(profile.model_dump(mode="json"), sort_keys=True))
+    return _key(case, host, profile) if host is not None else _worker_key(framework, "cpu", profile)
 
 
 NO_REFERENCE_RUN = "the float64 reference was not run (--no-reference)"

@@ -103,23 +103,8 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
     adapter = adapter_for(side.framework)
     mode = side.mode or adapter.default_mode
     timings["framework"] = side.framework
-    if not _Prepared.done:
-        adapter.before_import(profile, mode)  # ISA and thread pins are read when the framework loads
-    adapter.set_mode(mode)
-    warnings.filterwarnings("ignore", message=_WARNINGS)
-    family = family_for(case.op, case.source)
-    meta = {
-        "xfalign": __version__,
-        "case": case.to_json(),
-        "case_name": case.name,
-        "generator": GENERATOR,
-        "side": job["side"],
-        "framework": side.framework,
-        "impl": side.impl or adapter.default_impl,
-        "mode": mode,
-        "axes": family.tensor_axes(case),
-        "notes": family.tensor_notes(case),
-    }
+    meta = _start(case, profile, adapter, mode, side=job["side"], framework=side.framework,
+                  impl=side.impl or adapter.default_impl)
     started = time.perf_counter()
     arrays = read_inputs(Path(job["inputs"]))
     timings["read_inputs_s"] = time.perf_counter() - started
@@ -140,16 +125,20 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
     return _write_dump(Dump(meta, output.tensors), job, timings)
 
 
-def _reference_job(job: dict, case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, timings: dict) -> Path:
+def _start(case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, mode: str | None, **names: str | None) -> dict:
+    """The framework in the job's mode, and the dump's meta so far: `names` are its side, framework and impl."""
     if not _Prepared.done:
-        adapter.before_import(profile, "eager")
-    adapter.set_mode("eager")
+        adapter.before_import(profile, mode)  # ISA and thread pins are read when the framework loads
+    adapter.set_mode(mode)
     warnings.filterwarnings("ignore", message=_WARNINGS)
     family = family_for(case.op, case.source)
+    return {"xfalign": __version__, "case": case.to_json(), "case_name": case.name, "generator": GENERATOR,
+            **names, "mode": mode, "axes": family.tensor_axes(case), "notes": family.tensor_notes(case)}
+
+
+def _reference_job(job: dict, case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, timings: dict) -> Path:
     framework = job["reference"]
-    meta = {"xfalign": __version__, "case": case.to_json(), "case_name": case.name, "generator": GENERATOR,
-            "side": REFERENCE_SIDE, "framework": framework, "impl": "float64 reference", "mode": "eager",
-            "axes": family.tensor_axes(case), "notes": family.tensor_notes(case)}
+    meta = _start(case, profile, adapter, "eager", side=REFERENCE_SIDE, framework=framework, impl="float64 reference")
     arrays = read_inputs(Path(job["inputs"]))
     started = time.perf_counter()
     output = run_reference(case, framework, arrays, profile, adapter)
