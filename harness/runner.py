@@ -607,7 +607,9 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
     except OSError as error:
         raise OutputError(f"cannot create a temporary folder in {pool.workdir}: {error.strerror}") from None
     try:
-        dump_dirs = dict(dump_dirs or {side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)})
+        # absolute before any user code runs: a side that changes its working directory cannot move its dump
+        dump_dirs = {side: Path(path).absolute() for side, path in (dump_dirs or {
+            side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)}).items()}
         inputs_file = workdir / "inputs.safetensors"
         try:
             write_inputs(generate_inputs(case, max_input_gib), inputs_file)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -157,6 +158,21 @@ def test_state_a_case_leaves_behind_is_reset(tmp_path, workers, monkeypatch):
     assert before["deterministic"] is False and before["default_dtype"] == "torch.float32" and before["threads"] == 1
     assert before["dynamo_cache_entries"] == 0
     assert pool.stats()["spawned"]["megatron"] - spawned <= 1  # one worker served it all (started here, or earlier)
+
+
+@pytest.mark.xdist_group("in_process_frameworks")  # shares that test process's Megatron worker
+def test_a_side_that_changes_its_working_directory_cannot_move_its_dump(tmp_path, workers, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "probe.py").write_text(PROBE)
+    leaky = tmp_path / "leaky.yaml"
+    leaky.write_text(with_sides("""
+        builtin: {framework: megatron, mode: compile}
+        leaky: {framework: megatron, impl: 'probe.py:leaky_swiglu'}
+    """))
+    run = run_case(load_case(leaky), {"builtin": Path("out/builtin"), "leaky": Path("out/leaky")}, pool=workers)
+    assert run.comparison is not None
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["builtin", "leaky"]
+    assert (tmp_path / "out" / "leaky" / "meta.json").is_file()  # where it was asked for, not under /
 
 
 @pytest.mark.slow  # a run of its own, with fresh workers, one of which crashes
