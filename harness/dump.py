@@ -19,12 +19,15 @@ from safetensors.numpy import load_file, save_file
 from harness import __version__
 from harness.atomic import file_mode, fsync, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
 from harness.capture.format import CaptureInfo, TensorStats
+from harness.case import ExpectSpec
+from harness.compare.expectations import tag_names
 from harness.digest import Digest, StreamCheck, digests_of, mismatches
 from harness.errors import OutputError, XfalignError, field_text, safe_name, validation_problem
 
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
 META_FILE = "meta.json"
+DUMP_FILES = (TENSORS_FILE, META_FILE)  # all a dump folder holds: anything else is the user's
 _FAST64 = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -95,10 +98,18 @@ def meta_text(meta: dict) -> str:
 def validated_meta(meta: dict, where: str) -> dict:
     """`meta` checked against DumpMeta (DumpError naming the first bad field), as plain JSON data."""
     try:
-        return DumpMeta.model_validate(meta).model_dump(mode="json", exclude_unset=True)
+        checked = DumpMeta.model_validate(meta).model_dump(mode="json", exclude_unset=True)
     except ValidationError as error:
         location, message = validation_problem(error)
         raise DumpError(f"{where}: {META_FILE}: {field_text(location)}: {message}") from None
+    if "expect" in checked["case"]:  # what a comparison of the dump holds its tensors to, by default
+        try:
+            ExpectSpec.model_validate(checked["case"]["expect"])
+        except ValidationError as error:
+            location, message = validation_problem(error)
+            location = tuple(part for part in location if part not in tag_names())  # pydantic's, not the file's
+            raise DumpError(f"{where}: {META_FILE}: {field_text(('case', 'expect', *location))}: {message}") from None
+    return checked
 
 
 class DumpError(XfalignError):
@@ -126,9 +137,9 @@ def _dump_meta(folder: Path) -> dict | None:
 
 def check_dump_target(path: str | Path, side: str | None = None, label: str = "dump") -> None:
     """Raise DumpTargetError (naming the path) unless a dump of `side` may be written at `path`: the path
-    does not exist, is an empty folder, or is an xfalign dump (of `side`, when given). A folder that holds
-    other sides' dumps (DIR/<side>), anything else, a symbolic link and a folder inside a dump are refused.
-    Touches nothing."""
+    does not exist, is an empty folder, or holds an xfalign dump (of `side`, when given) and nothing else. A
+    folder that holds other sides' dumps (DIR/<side>), a dump beside other files, anything else, a symbolic
+    link and a folder inside a dump are refused. Touches nothing."""
     path = Path(path)
     where = f"{label} {path}".strip()
     if path.parent != path and _dump_meta(path.parent) is not None:
@@ -151,6 +162,11 @@ def check_dump_target(path: str | Path, side: str | None = None, label: str = "d
             raise DumpTargetError(f"{where}: holds the dump of side {meta.get('side')!r}, not {side!r}; refusing to "
                                   f"replace another side's dump (give another folder, e.g. "
                                   f"{path.parent / safe_name(side)})")
+        foreign = [entry.name for entry in entries if entry.name not in DUMP_FILES]
+        if foreign:  # replacing the dump would delete them with it
+            listed = ", ".join(repr(name) for name in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise DumpTargetError(f"{where}: holds {listed} besides an xfalign dump; refusing to replace it (move "
+                                  f"{'them' if len(foreign) > 1 else 'it'} out, or give another folder)")
         return
     inner = [entry for entry in entries if entry.is_dir() and _dump_meta(entry) is not None]
     if inner:
@@ -158,6 +174,18 @@ def check_dump_target(path: str | Path, side: str | None = None, label: str = "d
         raise DumpTargetError(f"{where}: holds the xfalign dumps {', '.join(e.name for e in inner)}; refusing "
                               f"to replace them{hint}")
     raise DumpTargetError(f"{where}: exists and is not an xfalign dump (no {META_FILE}); refusing to replace it")
+
+
+def read_meta(directory: Path) -> dict:
+    """The validated meta.json of the dump at `directory`, without its tensors; DumpError naming the dump."""
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise DumpError(f"{directory}: not a readable xfalign dump ({error})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise DumpError(f"{directory}: unknown dump format {found!r}")
+    return validated_meta(meta, str(directory))
 
 
 def recorded_generator(record: Mapping[str, Any]) -> int | None:
@@ -312,6 +340,7 @@ class Dump:
             fsync_file(staging / TENSORS_FILE)
             fsync_dir(staging)
             pause("dump-staged")
+            check_dump_target(directory, self.meta.get("side"))  # again: a file may have appeared while writing
             replace_dir(staging, directory)
         except BaseException:
             remove_tree(staging)  # the new dump not swapped in, or the old one swapped out
@@ -326,15 +355,11 @@ class Dump:
         to the comparison, which checks the bytes in its one pass over them
         (harness.compare.case.compare_dumps): nothing uses bytes that were not checked."""
         directory = Path(directory)
+        meta = read_meta(directory)
         try:
-            meta = json.loads((directory / META_FILE).read_text())
             arrays = load_file(directory / TENSORS_FILE)
-        except (OSError, ValueError, SafetensorError) as error:
+        except (OSError, SafetensorError) as error:
             raise DumpError(f"{directory}: not a readable xfalign dump ({error})") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else None
-            raise DumpError(f"{directory}: unknown dump format {found!r}")
-        meta = validated_meta(meta, str(directory))
         try:
             digests = {entry["name"]: Digest.from_json(entry) for entry in meta["tensors"] if entry.get("stored", True)}
         except (KeyError, TypeError, ValueError) as error:

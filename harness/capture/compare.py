@@ -24,6 +24,7 @@ from harness.compare.expectations import Bitwise
 from harness.compare.findings import Finding
 from harness.compare.pairs import OneSidedPair
 from harness.dump import Dump
+from harness.errors import UsageError
 
 if TYPE_CHECKING:
     from harness.capture.mapping import TensorMap
@@ -167,6 +168,9 @@ def compare_trees(tree_a: str | Path | Tree, tree_b: str | Path | Tree, tensor_m
     layouts in A's (None: the names must agree); `expect`: what each tensor is held to (default bitwise)."""
     a = tree_a if isinstance(tree_a, Tree) else read_tree(tree_a)
     b = tree_b if isinstance(tree_b, Tree) else read_tree(tree_b)
+    if tensor_map is not None:
+        tensor_map.check_trees(a, b)
+    named = tensor_map is None or tensor_map.is_identity  # B's names must be A's
     expect = expect or TREE_EXPECT
     findings: list[Finding] = []
     steps: list[StepComparison] = []
@@ -179,13 +183,25 @@ def compare_trees(tree_a: str | Path | Tree, tree_b: str | Path | Tree, tensor_m
             if names[0] is None or names[1] is None:
                 findings.append(Finding("missing", label, False, {"side": "A" if names[0] is None else "B"}))
                 continue
-            dump_b = tree_rb.step(index)
+            dump_a, dump_b = tree_ra.step(index), tree_rb.step(index)
+            if named and not steps:
+                _check_names_meet(a, b, label, dump_a, dump_b)
             if tensor_map is not None:
                 dump_b = tensor_map.to_a(dump_b)
             ignored = None if tensor_map is None else (lambda name: tensor_map.ignored("a", name))
-            steps.append(compare_steps(label, tree_ra.step(index), dump_b, expect, ignored))
+            steps.append(compare_steps(label, dump_a, dump_b, expect, ignored))
     return TreeComparison(TreeSide.of(a), TreeSide.of(b), None if map_path is None else str(map_path), steps,
                           findings, tensor_map)
+
+
+def _check_names_meet(a: Tree, b: Tree, label: str, dump_a: Dump, dump_b: Dump) -> None:
+    """UsageError, with the way to a map, when the first step pair shares no tensor name: compared as they are,
+    every tensor would be on one side only."""
+    names_a, names_b = dump_a.names, dump_b.names
+    if names_a and names_b and not set(names_a) & set(names_b):
+        raise UsageError(f"{a.path} and {b.path}: {label} shares no tensor name between the trees (A has {names_a[0]}, "
+                         f"B {names_b[0]}): pair them with a map: xfalign map suggest {a.path} {b.path} -o map.yaml, "
+                         "check it, then compare with --map map.yaml")
 
 
 def _rank_pairs(a: Tree, b: Tree, findings: list[Finding]) -> list[tuple[str, Tree, Tree]]:

@@ -1,7 +1,7 @@
 """The name and layout map between two captures: which B tensors make each A tensor, and how.
 
     format: xfalign-map/1
-    sides: {a: megatron, b: paddle}            # optional: the sides the map was written for
+    sides: {a: megatron, b: paddle}            # optional: the sides (names or frameworks) it was written for
     defaults:                                  # layouts of module pairs that do not give their own
       calls: {permute: [1, 0, 2]}              #   inputs/outputs/grad_outputs: A [s, b, h] = B [b, s, h]
       params: {transpose: true}                #   params/grads: torch [out, in] = paddle [in, out]
@@ -37,6 +37,12 @@ What `to_a` does with each B tensor: an `ignore.b` match is dropped; a tensor en
 then the identity (its own name: a tensor the map does not mention keeps its name, so with no map at all
 the names pair as they are, and an unmapped B tensor is reported by the comparison as present on one side
 only, through OneSidedPair; an A name made by an entry wins over a B tensor kept under its own name).
+A map must fit the trees it pairs (`check_trees`, before anything is compared): `sides`, where given, name
+each tree's side or framework, in order, and every pattern of every entry (modules, tensors, ignore) matches
+a module or tensor of its side in some step; an empty map is refused when loaded. A map covers only what it
+must (a tensor it does not mention keeps its name), but an entry that pairs nothing is a typo or a map made
+for other trees.
+
 Digest-only tensors: renamed with their digest when the layout keeps their bytes (a rename, or a permute
 that moves only axes of size 1); otherwise they cannot be made without their bytes and are left out,
 listed in `MappedDump.left_out` with the reason (re-capture them in full: digests-then-full).
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -54,6 +61,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
 from harness.capture.format import TensorName
+from harness.capture.tree import Tree
 from harness.case import line_and_field, read_yaml
 from harness.digest import digests_of
 from harness.dump import Dump
@@ -62,6 +70,7 @@ from harness.errors import XfalignError, describe_value, validation_problem
 MAP_FORMAT: Literal["xfalign-map/1"] = "xfalign-map/1"
 MAX_MAP_BYTES = 1 << 20
 Side = Literal["a", "b"]
+SIDES: tuple[Side, Side] = ("a", "b")
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 
@@ -388,7 +397,7 @@ class TensorMap:
     def __init__(self, spec: MapSpec | None = None, source: str = "(identity map)", lines: dict[tuple, int] | None = None):
         self.spec = spec or MapSpec()
         self.source = source
-        lines = lines or {}
+        self.lines = lines = lines or {}
 
         def where(path: tuple) -> str:
             return f"{source}:{line_and_field(lines, path)[0]} ({path[0]}[{path[1]}])"
@@ -426,6 +435,47 @@ class TensorMap:
     @property
     def is_identity(self) -> bool:
         return not (self.spec.tensors or self.spec.modules or self.spec.ignore.a or self.spec.ignore.b)
+
+    def check_trees(self, tree_a: Tree, tree_b: Tree) -> None:
+        """MapError (file:line: field) where the map does not fit the two trees it is to pair: its `sides`
+        are not theirs (the side's name or its framework), or an entry matches nothing in any step (a typo,
+        or a map written for other captures: an entry that pairs nothing would go unnoticed)."""
+        trees: dict[Side, Tree] = {"a": tree_a, "b": tree_b}
+        for side, tree in trees.items():
+            wanted, manifest = self.spec.sides.get(side), tree.manifest
+            if wanted is not None and wanted not in (manifest.side, manifest.framework):
+                raise self._error(("sides", side), f"the map is for side {wanted!r}, but tree {side.upper()} ({tree.path}) is "
+                                                   f"side {manifest.side!r} (framework {manifest.framework}): give the trees "
+                                                   "in the map's order, or correct sides")
+        names = {side: tree.tensor_names() for side, tree in trees.items()}
+        modules = {side: {parsed.module for parsed in map(TensorName.parse, found) if parsed is not None}
+                   for side, found in names.items()}
+        for location, side, pattern in self._patterns():
+            is_module = location[0] == "modules"
+            if not any(pattern.match(name) is not None for name in (modules if is_module else names)[side]):
+                raise self._error(location, f"{pattern.text!r} matches no {'module' if is_module else 'tensor'} of tree "
+                                            f"{side.upper()} ({trees[side].path}): correct it, or remove the entry")
+
+    def _patterns(self) -> Iterator[tuple[tuple, Side, Pattern]]:
+        """Every pattern of the map's entries, with its place in the file and the side whose names it matches."""
+        for index, entry in enumerate(self.tensor_entries):
+            for side in SIDES:
+                parts = entry.parts[side]
+                several = len(parts) > 1 or parts[0][0] != ""
+                for part, pattern in parts:
+                    yield ("tensors", index, side, *([int(part) if part.isdigit() else part] if several else [])), side, pattern
+        for index, module_entry in enumerate(self.module_entries):
+            yield ("modules", index, "a"), "a", module_entry.a
+            several = not isinstance(self.spec.modules[index].b, str)
+            for position, pattern in enumerate(module_entry.b):
+                yield ("modules", index, "b", *([position] if several else [])), "b", pattern
+        for side in SIDES:
+            for position, pattern in enumerate(self.ignore[side]):
+                yield ("ignore", side, position), side, pattern
+
+    def _error(self, location: tuple, message: str) -> MapError:
+        line, name = line_and_field(self.lines, location)
+        return MapError(_one_line(f"{self.source}:{line}: {name}: {message}"))
 
     def ignored(self, side: Side, name: str) -> bool:
         """Whether `name` of `side` is in the map's ignore list (no counterpart on purpose)."""
@@ -757,7 +807,11 @@ def load_map(path: str | Path | None) -> TensorMap:
         location, message = validation_problem(error)
         line, name = line_and_field(lines, location)
         raise MapError(_one_line(f"{path}:{line}: {name}: {message.removeprefix('Value error, ')}")) from None
-    return TensorMap(spec, str(path), lines)
+    tensor_map = TensorMap(spec, str(path), lines)
+    if tensor_map.is_identity:
+        raise MapError(f"{path}:1: (top level): the map has no modules, tensors or ignore entries, so it would pair "
+                       "names as they are: give entries (xfalign map suggest A B proposes them), or no map")
+    return tensor_map
 
 
 def _one_line(text: str) -> str:

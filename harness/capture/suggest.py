@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from harness.capture.format import TensorName
+from harness.capture.mapping import MapError
 from harness.dump import Dump
 
 LOOKAHEAD = 6  # records skipped, at most, to find the next pair
@@ -47,6 +48,7 @@ class _Call:
 @dataclass
 class _Side:
     name: str
+    side: str
     framework: str
     calls: list[_Call]
     params: dict[str, dict[str, Shape]]  # module -> param slot -> shape
@@ -72,6 +74,9 @@ def suggest_map(tree_a: TreeLike, tree_b: TreeLike, step: int = 0) -> str:
             _one_to_one(found, a, b, call_a, calls_b[0], votes)
         else:
             _fused(found, a, b, call_a, calls_b, votes)
+    if not pairs:  # a map without entries would pair nothing (load_map refuses one)
+        raise MapError(f"{a.name} and {b.name}: no forward record of step {step} pairs with one of the other tree by "
+                       f"the shapes of its outputs ({len(a.calls)} and {len(b.calls)} records); write the map by hand")
     found.notes += [f"A {c.module}#{c.call}: no B record pairs with it" for c in skipped_a]
     found.notes += [f"B {c.module}#{c.call}: no A record pairs with it" for c in skipped_b]
     return _render(found, a, b, tree_a, tree_b, step, len(pairs))
@@ -95,7 +100,7 @@ def _side(tree: TreeLike, step: int) -> _Side:
         parsed = TensorName.parse(name)
         if parsed is not None and parsed.role == "param":
             params.setdefault(parsed.module, {})[parsed.slot] = shape
-    return _Side(str(getattr(tree, "path", "?")), dump.meta.get("framework", "?"), calls, params, dump.tensors)
+    return _Side(str(getattr(tree, "path", "?")), dump.side, dump.meta.get("framework", "?"), calls, params, dump.tensors)
 
 
 # --- shapes -------------------------------------------------------------------------------------------
@@ -342,7 +347,7 @@ def _render(found: _Suggestion, a: _Side, b: _Side, tree_a: Any, tree_b: Any, st
         "#   xfalign compare A B --map THIS_FILE",
         "# Layouts go from B to A: permute [1, 0, 2] means A's axis k is B's axis permute[k].",
         "format: xfalign-map/1",
-        f"sides: {{a: {_q(a.framework)}, b: {_q(b.framework)}}}",
+        f"sides: {{a: {_q(a.side)}, b: {_q(b.side)}}}",
         "modules:" if modules else "modules: []",
         *modules,
         "tensors:" if tensors else "tensors: []",

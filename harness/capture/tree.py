@@ -9,7 +9,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness.capture.format import MANIFEST_FILE, CaptureManifest
-from harness.dump import Dump, DumpError
+from harness.case import NAME_RULE, is_safe_name
+from harness.dump import Dump, DumpError, read_meta
 from harness.errors import field_text, validation_problem
 
 
@@ -28,6 +29,19 @@ def _rank_dirs(path: Path) -> list[Path]:
         return sorted(p for p in path.glob("rank-[0-9]*") if (p / MANIFEST_FILE).is_file())
     except OSError:
         return []
+
+
+def _check_step_names(manifest_path: Path, steps: list[str]) -> None:
+    """Each step is a folder of the tree: a safe single name (`../x` would read a dump outside it), listed once."""
+    seen: set[str] = set()
+    for index, step in enumerate(steps):
+        if not is_safe_name(step):
+            raise TreeError(f"{manifest_path}: steps.{index}: {ascii(step)} is not a step folder of the tree "
+                            f"({NAME_RULE}); the file is corrupt or edited: capture again")
+        if step in seen:
+            raise TreeError(f"{manifest_path}: steps.{index}: {step!r} is listed twice; the file is corrupt or edited: "
+                            "capture again")
+        seen.add(step)
 
 
 class Tree:
@@ -61,6 +75,7 @@ class Tree:
         except ValidationError as error:
             location, message = validation_problem(error)
             raise TreeError(f"{manifest_path}: {field_text(location)}: {message}") from None
+        _check_step_names(manifest_path, self.manifest.steps)
 
     @property
     def steps(self) -> list[str]:
@@ -84,6 +99,11 @@ class Tree:
         if isinstance(index, str) and index not in self.manifest.steps:
             raise TreeError(f"{self.path}: no step {index!r}; steps: {', '.join(self.manifest.steps) or 'none'}")
         return Dump.read(self.step_path(index), check_bytes=False)
+
+    def tensor_names(self) -> set[str]:
+        """Every tensor name recorded in a step of the tree (of any rank), read from the steps' meta.json only."""
+        trees = list(self.ranks.values()) or [self]
+        return {entry["name"] for tree in trees for step in tree.steps for entry in read_meta(tree.step_path(step))["tensors"]}
 
     def __repr__(self) -> str:
         return f"Tree({str(self.path)!r}, steps={len(self.steps)}, ranks={sorted(self.ranks) or None})"
