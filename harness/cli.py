@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,8 +34,24 @@ from harness.case import REFERENCE_SIDE, load_cases, reseeded
 from harness.compare.case import compare_dumps
 from harness.dump import Dump, DumpError, check_dump_target
 from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
-from harness.gate import Golden, baseline_dir, check, describe_update, gate_tree, missing_class_message
-from harness.inputs import DEFAULT_MAX_INPUT_GIB, check_input_size
+from harness.gate import (
+    GateResult,
+    Golden,
+    GoldenMismatch,
+    TreeGateResult,
+    baseline_dir,
+    check,
+    describe_update,
+    file_stem,
+    gate_tree,
+    golden_problem,
+    missing_class_message,
+    tree_gate_comparison,
+    tree_gate_steps,
+    write_golden,
+)
+from harness.inputs import DEFAULT_MAX_INPUT_GIB, RUN_FLOAT64_COPIES, check_input_size
+from harness.numerics import load_profile
 from harness.ops import reference_framework
 from harness.reports.html import write_reports, write_tree_report
 from harness.reports.json_report import write_json, write_tree_json
@@ -55,11 +72,14 @@ from harness.reports.text import (
     goldens_written_text,
     internal_error_line,
     interrupted_line,
+    jobs_capped_text,
     map_written_text,
     progress_line,
     refetch_written_text,
     running_text,
     sweep_summary_text,
+    tree_goldens_written_text,
+    warning_line,
     written_text,
 )
 from harness.runner import DEFAULT_SIDE_TIMEOUT_S, WorkerPool, class_of, current_pool, interrupt_handler, run_cases
@@ -68,6 +88,17 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
 DEFAULT_HTML = Path("reports")
 NUMERICS_HELP = ("numerics profile for every case (NAME: a built-in profile or a path); default: the case's, "
                  "else portable-avx2")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container may narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+JOBS_HELP = f"run up to N cases at once, at most one per core (default: the number of cores, here {usable_cores()})"
+MAX_INPUT_HELP = (f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB, and cases whose run "
+                  f"would need more than this machine's memory: about {RUN_FLOAT64_COPIES:g} float64 copies of its "
+                  "inputs at its peak); a limit given replaces both")
 TIMEOUT_HELP = (f"seconds each side may run, from its worker's start (default: the case's `timeout`, "
                 f"else {DEFAULT_SIDE_TIMEOUT_S}); a side past it is killed (exit 3)")
 
@@ -87,13 +118,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, help="write the full comparison as JSON")
     run.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
-    run.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
-                      help="run up to N cases at once (default: the number of cores, here %(default)s)")
+    run.add_argument("-j", "--jobs", type=int, metavar="N", help=JOBS_HELP)
     run.add_argument("--seeds", type=int, default=0, metavar="N",
                      help="run each case with N seeds other than its own instead (expectations that state properties hold for any seed)")
     run.add_argument("--no-reference", action="store_true", help="do not compute the float64 reference (no arbiter)")
-    run.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
-                      help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
+    run.add_argument("--max-input-gib", type=float, metavar="GIB", help=MAX_INPUT_HELP)
     gate = commands.add_parser("gate", help="CI gate: expectations, goldens, determinism")
     gate.add_argument("cases", nargs="*", type=Path, help="YAML case files (or --tree)")
     gate.add_argument("--baseline", type=Path, required=True,
@@ -106,11 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--json", type=Path, help="write the full comparisons as JSON")
     gate.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     gate.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
-    gate.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
-                      help="run up to N cases at once (default: the number of cores, here %(default)s)")
+    gate.add_argument("-j", "--jobs", type=int, metavar="N", help=JOBS_HELP)
     gate.add_argument("--no-reference", action="store_true", help="do not compute the float64 reference (no arbiter)")
-    gate.add_argument("--max-input-gib", type=float, default=DEFAULT_MAX_INPUT_GIB, metavar="GIB",
-                      help=f"refuse cases whose inputs need more (default {DEFAULT_MAX_INPUT_GIB:g} GiB)")
+    gate.add_argument("--max-input-gib", type=float, metavar="GIB", help=MAX_INPUT_HELP)
     compare = commands.add_parser("compare", help="compare two dumps, or two capture trees, made anywhere")
     compare.add_argument("dump_a", type=Path, metavar="A", help="a dump, or a capture tree (holds capture.json)")
     compare.add_argument("dump_b", type=Path, metavar="B", help="the same kind as A")
@@ -146,9 +173,9 @@ def _dump_dirs(case, args, several: bool) -> dict[str, Path] | None:
                              f"{REFERENCE_SIDE}: the float64 reference)")
         if not args.dump:
             raise UsageError("--side needs --dump DIR: a single side has nothing to compare with")
-        return {args.side: args.dump / safe_name(case.name) if several else args.dump}
+        return {args.side: args.dump / file_stem(case.name) if several else args.dump}
     if args.dump:
-        root = args.dump / safe_name(case.name) if several else args.dump
+        root = args.dump / file_stem(case.name) if several else args.dump
         folders = {side: root / safe_name(side) for side in case.sides}
         if not getattr(args, "no_reference", False) and reference_framework(case) is not None:
             folders[REFERENCE_SIDE] = root / REFERENCE_SIDE
@@ -172,7 +199,7 @@ def _plan_dumps(cases, args) -> dict[str, dict[str, Path] | None]:
     return plan
 
 
-def _load_all(paths: list[Path], max_input_gib: float = DEFAULT_MAX_INPUT_GIB) -> list:
+def _load_all(paths: list[Path], max_input_gib: float | None = None) -> list:
     """Every case (and sweep point) of every file, all validated before any runs; two cases with one name
     (their reports, dumps and goldens would overwrite each other) are refused."""
     cases = []
@@ -186,7 +213,8 @@ def _load_all(paths: list[Path], max_input_gib: float = DEFAULT_MAX_INPUT_GIB) -
                 raise UsageError(f"two cases named {case.name!r}: {where} (case names must be unique in a run; "
                                  f"set `name:` in one of them)")
             seen[case.name] = path
-            check_input_size(case, max_input_gib)  # before anything runs or allocates
+            check_input_size(case, max_input_gib)  # before anything runs or allocates (None: the default limit,
+            # and what this machine's memory holds for the run's peak)
             cases.append(case)
     return cases
 
@@ -232,12 +260,22 @@ def _check_dumps(plan: dict[str, dict[str, Path] | None]) -> None:
 
 
 def _check_run_options(args) -> None:
+    """Options of `run` and `gate`, refused or settled before anything is read or run. -j above the cores is
+    capped, with a warning: more workers than cores only take memory (each holds a framework) and time."""
     if args.repeat < 1:
         raise UsageError(f"--repeat must be >= 1 (got {args.repeat})")
-    if args.jobs < 1:
+    cores = usable_cores()
+    if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"-j must be >= 1 (got {args.jobs})")
+    if args.jobs is not None and args.jobs > cores:
+        print(warning_line(jobs_capped_text(args.jobs, cores)), file=sys.stderr)
+    args.jobs = min(args.jobs or cores, cores)
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds (got {args.timeout:g})")
+    if args.max_input_gib is not None and not args.max_input_gib > 0:
+        raise UsageError(f"--max-input-gib must be a positive number of GiB (got {args.max_input_gib:g})")
+    if args.numerics is not None:
+        load_profile(args.numerics)  # a profile that does not load is refused before any side starts
 
 
 @contextmanager
@@ -372,6 +410,64 @@ def cmd_run(args, console: Console) -> int:
     return EXIT_OK if all(c.passed for c in comparisons) else EXIT_FAILED
 
 
+def _golden_folders(cases, args) -> dict[str, Path]:
+    """Each case's golden folder, decided before any side runs: without --update the folder of its class must
+    exist; two cases whose names make one golden file name (which one would overwrite) are refused."""
+    folders: dict[str, Path] = {}
+    owner: dict[Path, str] = {}  # golden file -> the case it is for
+    for case in cases:
+        environment_class = class_of(case, args.numerics)
+        folder = baseline_dir(args.baseline, environment_class)
+        if not args.update and not folder.is_dir():
+            raise UsageError(missing_class_message(args.baseline, environment_class, [str(p) for p in args.cases]))
+        path = Golden.text_path(folder, case.name)
+        if path in owner:
+            raise UsageError(f"cases {owner[path]!r} and {case.name!r} would have one golden {path}; rename one")
+        folders[case.name], owner[path] = folder, case.name
+    return folders
+
+
+def _golden_problems(cases, folders: dict[str, Path], update: bool, console: Console) -> dict[str, GateResult]:
+    """Every golden read before any side runs. A case whose golden cannot be read fails (not run) and is said
+    at once; with --update an unreadable one is rewritten, but a golden of another case is never overwritten."""
+    problems = {}
+    for case in cases:
+        error = golden_problem(folders[case.name], case.name)
+        if error is not None and (not update or isinstance(error, GoldenMismatch)):
+            problems[case.name] = GateResult.of_unreadable(case.name, error)
+            print_gate_result(problems[case.name], console)
+    return problems
+
+
+def _gate_run(run, folder: Path, args, console: Console, written: list[str]) -> GateResult:
+    """One case's run against its golden (written first with --update; an unreadable one is rewritten)."""
+    try:
+        golden = Golden.read(folder, run.case_name)
+    except (DumpError, GoldenMismatch) as error:  # changed since it was read before the run
+        if not args.update or isinstance(error, GoldenMismatch):
+            return GateResult.of_unreadable(run.case_name, error)
+        console.print(golden_unreadable_text(run.case_name, error), highlight=False, markup=False)
+        golden = None
+    result = check(run, golden)
+    if args.update and (not args.only_failing or result.golden_problems):
+        new = Golden.from_run(run)
+        with _writing(folder, "the golden in"):
+            path = write_golden(new, folder, written, with_arrays=not args.digests_only)
+        console.print(golden_update_text(run.case_name, describe_update(golden, new), path),
+                      highlight=False, markup=False)
+        result = check(run, Golden.read(folder, run.case_name))
+    return result
+
+
+def _unreadable_error(results: Sequence[GateResult]) -> XfalignError | None:
+    """What the gate ends with (exit 2) when goldens could not be read: the first, and how many more."""
+    errors = [result.unreadable for result in results if result.unreadable is not None]
+    if not errors:
+        return None
+    more = f" (and {len(errors) - 1} more unreadable goldens)" if len(errors) > 1 else ""
+    return type(errors[0])(f"{errors[0]}{more}")
+
+
 def cmd_gate(args, console: Console) -> int:
     if args.tree is not None:
         return cmd_gate_tree(args, console)
@@ -384,45 +480,30 @@ def cmd_gate(args, console: Console) -> int:
     _check_reports(args)
     if args.update:
         _check_output(args.baseline, "--baseline", "dir")
-    comparisons, failed, gate_status = [], [], {}
+    folders = _golden_folders(cases, args)
+    problems = _golden_problems(cases, folders, args.update, console)
+    results, comparisons = list(problems.values()), []
     crashed: list[str] = []
-    if not args.update:
-        for case in cases:
-            environment_class = class_of(case, args.numerics)
-            if not baseline_dir(args.baseline, environment_class).is_dir():
-                raise UsageError(missing_class_message(args.baseline, environment_class, [str(p) for p in args.cases]))
-    written = []  # goldens in place, in order: said as each is written, and in sum even when interrupted
+    gate_status = {name: "fail" for name in problems}
+    written: list[str] = []  # goldens in place, in order: said as each is written, and in sum even when interrupted
     try:
-        for run in _run_each(cases, console, crashed, args):
-            baseline = baseline_dir(args.baseline, run.environment_class)
+        for run in _run_each([case for case in cases if case.name not in problems], console, crashed, args):
             print_comparison(run.comparison, console)
             comparisons.append(run.comparison)
-            try:
-                golden = Golden.read(baseline, run.case_name)
-            except DumpError as error:  # unreadable or corrupt: exit 2, or with --update rewritten
-                if not args.update:
-                    raise
-                console.print(golden_unreadable_text(run.case_name, error), highlight=False, markup=False)
-                golden = None
-            result = check(run, golden)
-            if args.update and (not args.only_failing or result.golden_problems):
-                new = Golden.from_run(run)
-                with _writing(baseline, "the golden in"):
-                    path = new.write(baseline, with_arrays=not args.digests_only)
-                written.append(run.case_name)
-                console.print(golden_update_text(run.case_name, describe_update(golden, new), path),
-                              highlight=False, markup=False)
-                result = check(run, Golden.read(baseline, run.case_name))
+            result = _gate_run(run, folders[run.case_name], args, console, written)
             print_gate_result(result, console)
+            results.append(result)
             gate_status[run.case_name] = run.comparison.status if result.passed else "fail"
-            if not result.passed:
-                failed.append(run.case_name)
     finally:
         if args.update:
             console.print(goldens_written_text(written, len(cases)), highlight=False, markup=False)
     _print_sweep_summaries(cases, gate_status, console)
     _write_outputs(args, comparisons, console)
-    console.print(gate_summary_text(len(cases) - len(failed) - len(crashed), len(failed), len(crashed)), markup=False)
+    failed = sum(not result.passed for result in results)
+    console.print(gate_summary_text(len(cases) - failed - len(crashed), failed, len(crashed)), markup=False)
+    unreadable = _unreadable_error(results)
+    if unreadable is not None:
+        raise unreadable
     return EXIT_SIDE_CRASHED if crashed else EXIT_FAILED if failed else EXIT_OK
 
 
@@ -474,14 +555,33 @@ def cmd_compare_trees(args, console: Console) -> int:
 def cmd_gate_tree(args, console: Console) -> int:
     if args.cases:
         raise UsageError("--tree gates a capture tree: give no case files with it")
-    if args.only_failing or args.digests_only or args.repeat != 1:
-        raise UsageError("--tree goes with --baseline and --update only (a tree's golden holds digests)")
+    given = [option for option, value in (("--only-failing", args.only_failing), ("--digests-only", args.digests_only),
+                                          ("--repeat", args.repeat != 1), ("--numerics", args.numerics),
+                                          ("--timeout", args.timeout), ("-j", args.jobs),
+                                          ("--no-reference", args.no_reference), ("--max-input-gib", args.max_input_gib))
+             if value not in (None, False)]
+    if given:
+        raise UsageError(f"--tree goes with --baseline, --update, --json and --html only, not {given[0]} "
+                         "(a tree's golden holds its digests: nothing runs)")
     _check_output(args.baseline, "--baseline", "dir")
-    results = gate_tree(args.tree, args.baseline, update=args.update)
-    for result in results:
-        print_tree_gate_result(result, console)
+    _check_reports(args)
+    tree = read_tree(args.tree)
+    steps = tree_gate_steps(tree)
+    results: list[TreeGateResult] = []
+    written: list[str] = []  # goldens in place, in step order: said in sum even when interrupted
+    try:
+        for result in gate_tree(tree, args.baseline, update=args.update, written=written):
+            print_tree_gate_result(result, console)
+            results.append(result)
+    finally:
+        if args.update or written:
+            console.print(tree_goldens_written_text(written, steps), highlight=False, markup=False)
+    _write_outputs(args, tree_gate_comparison(tree, args.baseline, results), console, write_tree_json, write_tree_report)
     failed = sum(not result.passed for result in results)
     console.print(gate_summary_text(len(results) - failed, failed, 0), markup=False)
+    unreadable = _unreadable_error(results)
+    if unreadable is not None:
+        raise unreadable
     return EXIT_FAILED if failed else EXIT_OK
 
 

@@ -5,8 +5,9 @@ fingerprint per side; no timestamps, no paths), readable in a review diff, plus
 `<case>.golden.<hash>.safetensors` with the tensors themselves, which lets drift be measured in ULP;
 `<hash>` is the first 12 hex digits of the SHA-256 of the file's bytes and the YAML names the file
 (`values:`). The tensor file is optional (`--digests-only`, `values: null`): without it drift is
-reported by digest alone. `<case>` is the case name made a safe file name (`safe_name`: sweep point names' `[ ] , =`
-become `_`).
+reported by digest alone. `<case>` is the case name made a safe file name (`file_stem`: sweep point names'
+`[ ] , =` become `_`; a name longer than MAX_STEM characters is shortened as HTML report names are, its start
+and a hash of the whole name).
 
 A golden is written as a unit: the values file under its new name, then the YAML replaced in one step,
 then the case's other values files removed; readers follow the YAML's reference, so the YAML and the
@@ -25,9 +26,9 @@ import fcntl
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +37,9 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from harness.atomic import fsync_dir, pause, stage_file, write_atomic
+from harness.capture.compare import StepComparison, TreeComparison, TreeSide, compare_steps
 from harness.capture.format import TensorName
-from harness.capture.tree import read_tree
+from harness.capture.tree import Tree
 from harness.compare.findings import GOLDEN, Finding, judged
 from harness.compare.pairs import DigestPair, originate
 from harness.digest import Digest, verify
@@ -45,6 +47,7 @@ from harness.dump import Dump, DumpError, IntegrityError, recorded_generator
 from harness.errors import OutputError, XfalignError, safe_name
 from harness.fingerprint import changed_fields
 from harness.inputs import GENERATOR
+from harness.reports.html import shortened
 from harness.reports.text import (
     GOLDEN_HEADER,
     TREE_GOLDEN_HEADER,
@@ -54,9 +57,12 @@ from harness.reports.text import (
     missing_class_text,
     update_text,
 )
-from harness.runner import CaseRun
+from harness.runner import CaseRun, _critical
 
 FORMAT = "xfalign-golden/1"
+# A file name is at most 255 bytes: the stem, then `.golden.<12 hex digits>.safetensors` (32 characters), or a
+# staging file's `.` + `.golden.safetensors.<8 characters>.tmp` (33).
+MAX_STEM = 200
 _DIGEST_LINE = re.compile(r"^(\w+) \[([\d, ]*)\] (?:([0-9a-f]{32})|fast64:([0-9a-f]{16}))$")
 
 
@@ -83,6 +89,11 @@ class GoldenMismatch(XfalignError):
 
 
 _VALUES_FILE = re.compile(r"^(?P<stem>.+)\.golden\.[0-9a-f]{12}\.safetensors$")
+
+
+def file_stem(name: str) -> str:
+    """A case's (or a tree step's) name as the stem of its goldens' file names (and its dump folder's name)."""
+    return shortened(safe_name(name), name, MAX_STEM)
 
 
 def _one_line(error: BaseException) -> str:
@@ -166,14 +177,14 @@ class Golden:
         return self.header + yaml.safe_dump(data, sort_keys=False, width=120)
 
     @staticmethod
-    def _text_path(directory: Path, case_name: str) -> Path:
-        return directory / f"{safe_name(case_name)}.golden.yaml"
+    def text_path(directory: Path, case_name: str) -> Path:
+        return directory / f"{file_stem(case_name)}.golden.yaml"
 
     @classmethod
     def paths(cls, directory: Path, case_name: str) -> tuple[Path, Path | None]:
         """The golden's YAML file and the values file it names now (None: none); for a case with no golden,
         the YAML file a new one gets."""
-        text_path = cls._text_path(Path(directory), case_name)
+        text_path = cls.text_path(Path(directory), case_name)
         try:
             reference = yaml.safe_load(text_path.read_text()).get("values")
         except (OSError, ValueError, yaml.YAMLError, AttributeError):
@@ -184,7 +195,7 @@ class Golden:
         """Write the golden as a unit (see the module's note); returns the YAML file. An OSError (no
         permission, disk full) is an OutputError naming the file; what was there before stays intact."""
         directory = Path(directory)
-        stem = safe_name(self.case)
+        stem = file_stem(self.case)
         text_path = directory / f"{stem}.golden.yaml"
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -251,7 +262,7 @@ class Golden:
         writer replacing the golden meanwhile makes it read again."""
         directory = Path(directory)
         for _ in range(10):
-            text_path = cls._text_path(directory, case_name)
+            text_path = cls.text_path(directory, case_name)
             try:
                 text = text_path.read_text()
             except FileNotFoundError:
@@ -280,7 +291,7 @@ class Golden:
                 raise IntegrityError(f"{array_path}: tensor {corrupt[0]}: bytes do not match the golden's digest "
                                      "(corrupt or edited golden)")
             return golden
-        raise GoldenError(f"{cls._text_path(directory, case_name)}: replaced while being read, again and again")
+        raise GoldenError(f"{cls.text_path(directory, case_name)}: replaced while being read, again and again")
 
 
 def baseline_dir(root: Path, environment_class: str) -> Path:
@@ -298,6 +309,12 @@ def missing_class_message(root: Path, environment_class: str, case_files: list[s
 class GateResult:
     case_name: str
     findings: list[Finding] = field(default_factory=list)  # failing ones fail the gate; environment ones explain drift
+    unreadable: XfalignError | None = None  # why its golden could not be read (then it was not checked)
+
+    @classmethod
+    def of_unreadable(cls, case_name: str, error: XfalignError):
+        """The verdict of a case (or step) whose golden cannot be read: it fails, the others go on."""
+        return cls(case_name, [Finding("no-golden", "", False, {"unreadable": str(error)})], unreadable=error)
 
     @property
     def failures(self) -> list[Finding]:
@@ -316,6 +333,12 @@ class GateResult:
     def golden_problems(self) -> bool:
         """Whether rewriting the golden would change what it says (`--update --only-failing`)."""
         return self.drifted or any(f.kind == "no-golden" for f in self.failures)
+
+    @property
+    def inputs_changed(self) -> bool:
+        """Whether the run's inputs differ from the golden's: the golden belongs to another case (or this case's
+        inputs changed), which explains its drift better than the code or the environment can."""
+        return any(f.kind == "input" for f in self.failures)
 
     @property
     def environment_changes(self) -> list[str]:
@@ -375,6 +398,24 @@ def check(run: CaseRun, golden: Golden | None) -> GateResult:
     return result
 
 
+def write_golden(golden: Golden, directory: Path, written: list[str], with_arrays: bool = True) -> Path:
+    """Write the golden and add its case to `written`, as one: SIGINT or SIGTERM meanwhile takes effect after
+    both, so an interrupted update says exactly which goldens it wrote, and leaves no staging file."""
+    with _critical():
+        path = golden.write(directory, with_arrays)
+        written.append(golden.case)
+    return path
+
+
+def golden_problem(directory: Path, case_name: str) -> XfalignError | None:
+    """Why the case's golden cannot be read (None: it reads, or there is none yet): asked before any side runs."""
+    try:
+        Golden.read(directory, case_name)
+    except (DumpError, GoldenMismatch) as error:
+        return error
+    return None
+
+
 def describe_update(old: Golden | None, new: Golden) -> str:
     """What an update changed, for the terminal."""
     if old is None:
@@ -390,13 +431,17 @@ def describe_update(old: Golden | None, new: Golden) -> str:
 # A tree's golden is one golden per step (this module's format, digests only, `values: null`), named
 # `<side>.<step>` (`<side>.rank-00001_step-00000` with ranks) in the baseline folder itself: the tensors'
 # digests, in execution order, and the fingerprint recorded by the capture. A missing golden is written and
-# the step fails once; `update` rewrites them all.
+# the step fails once; `update` rewrites them all. For the reports, each step is also compared with its
+# golden as two capture steps are (A: the golden, B: the step now).
+
+GOLDEN_SIDE = "golden"  # side A's name in a tree gate's reports
 
 
 @dataclass
 class TreeGateResult(GateResult):
     written: Path | None = None  # the golden written now (missing, or rewritten by update)
     update: str | None = None  # what an update changed (describe_update)
+    step: StepComparison | None = None  # the step against its golden, for the reports (None: no golden read)
 
     @property
     def first_drift(self) -> tuple[str, str | None] | None:
@@ -427,31 +472,68 @@ def check_step(name: str, dump: Dump, golden: Golden) -> TreeGateResult:
     return result
 
 
-def gate_tree(path: str | Path, baseline: str | Path, update: bool = False) -> list[TreeGateResult]:
-    """Every step of the capture tree at `path` (every rank's) against its golden in `baseline`."""
-    tree, baseline = read_tree(path), Path(baseline)
+def _golden_dump(golden: Golden, dump: Dump) -> Dump:
+    """The golden of a step as a digest-only dump of it, with the step's own record of what ran (its order)."""
+    meta = {key: value for key, value in dump.meta.items() if key != "tensors"}
+    digests = golden.tensors.get(dump.side, {})
+    return Dump(dict(meta, environment=golden.environment.get(dump.side, {})), {},
+                unstored={name: digest.to_json() for name, digest in digests.items()}, order=list(digests))
+
+
+@dataclass
+class _Step:
+    name: str  # its golden's name: <side>.<step>, <side>.rank-00001/<step>
+    label: str  # as tree comparisons name it: <step>, rank-00001/<step>
+    tree: Tree  # the tree (of its rank) that holds it
+    step: str
+
+
+def _steps(tree: Tree) -> list[_Step]:
     units = [(f"{rank_tree.path.name}/", rank_tree) for _, rank_tree in sorted(tree.ranks.items())] or [("", tree)]
-    results = []
-    for prefix, unit in units:
-        for step in unit.steps:
-            dump = unit.step(step)
-            name = f"{unit.manifest.side}.{prefix}{step}"
-            try:
-                golden = Golden.read(baseline, name)
-            except DumpError:
-                if not update:
-                    raise
-                golden = None  # unreadable: rewritten
-            if golden is not None and not update:
-                results.append(check_step(name, dump, golden))
+    return [_Step(f"{unit.manifest.side}.{prefix}{step}", prefix + step, unit, step)
+            for prefix, unit in units for step in unit.steps]
+
+
+def gate_tree(tree: Tree, baseline: str | Path, update: bool = False,
+              written: list[str] | None = None) -> Iterator[TreeGateResult]:
+    """Every step of the capture tree (every rank's) against its golden in `baseline`, each as it is done. Each
+    golden written is added to `written` as it is written: an interrupted update knows which it wrote. A golden
+    that cannot be read fails its step (`update` rewrites it); the other steps go on."""
+    baseline, written = Path(baseline), [] if written is None else written
+    for unit in _steps(tree):
+        dump = unit.tree.step(unit.step)
+        try:
+            golden = Golden.read(baseline, unit.name)
+        except (DumpError, GoldenMismatch) as error:
+            if not update or isinstance(error, GoldenMismatch):  # another step's golden is never overwritten
+                yield TreeGateResult.of_unreadable(unit.name, error)
                 continue
-            new = _step_golden(name, dump)
-            written = new.write(baseline, with_arrays=False)
+            golden = None  # unreadable: rewritten
+        if golden is not None and not update:
+            result = check_step(unit.name, dump, golden)
+        else:
+            new = _step_golden(unit.name, dump)
+            path = write_golden(new, baseline, written, with_arrays=False)
             if update:
-                result = check_step(name, dump, Golden.read(baseline, name) or new)
+                result = check_step(unit.name, dump, Golden.read(baseline, unit.name) or new)
                 result.update = describe_update(golden, new)
             else:
-                result = TreeGateResult(name, [Finding("no-golden", "", False, {"written": str(written)})])
-            result.written = written
-            results.append(result)
-    return results
+                result = TreeGateResult(unit.name, [Finding("no-golden", "", False, {"written": str(path)})])
+            result.written, golden = path, new
+        result.step = compare_steps(unit.label, _golden_dump(golden, dump), dump)
+        yield result
+
+
+def tree_gate_steps(tree: Tree) -> list[str]:
+    """The goldens' names of a tree's steps, in the order gate_tree goes through them."""
+    return [unit.name for unit in _steps(tree)]
+
+
+def tree_gate_comparison(tree: Tree, baseline: Path, results: list[TreeGateResult]) -> TreeComparison:
+    """The tree against its goldens as a comparison of two trees (A: the goldens, B: the tree now), for the
+    JSON and HTML reports; a step whose golden was missing or unreadable is a finding."""
+    now = TreeSide.of(tree)
+    goldens = replace(now, path=str(baseline), side=GOLDEN_SIDE, mode="digest")
+    findings = [replace(finding, tensor=result.case_name) for result in results
+                for finding in result.failures if finding.kind == "no-golden"]
+    return TreeComparison(goldens, now, None, [result.step for result in results if result.step is not None], findings)

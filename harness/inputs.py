@@ -19,6 +19,16 @@ from harness.rounding import round_float64
 # version 2 rounds them with harness.rounding, which depends on nothing installed.
 GENERATOR = 2
 DEFAULT_MAX_INPUT_GIB = 8.0
+# A run holds about this many float64 copies of its inputs at its peak, all processes together (beyond what the
+# workers hold idle: the frameworks, about 1 GiB): each side's inputs, outputs and gradients (outputs and
+# gradients are about the inputs' size again) in the framework and in its dump, the float64 reference's, and
+# the comparison, which reads both sides' dumps and the reference's and measures them in float64. The float64
+# parts are most of it, so the peak follows the number of input elements more than their bytes: about 26x the
+# inputs' bytes for bfloat16 inputs, 13x for float32. Measured 2026-12-01 (AMD EPYC, 2 cores, torch 2.13.0+cpu,
+# paddle 3.3.1, megatron-core 0.16.1), swiglu weighted, compiled Megatron vs Paddle, with the reference: 45-48
+# bytes per input element with bfloat16 inputs of 0.25 and 0.5 GiB (peaks of 6.5 and 12.8 GiB), 51 with
+# float32 inputs of 0.5 GiB (7.2 GiB); 6.5 float64 copies are 52 bytes.
+RUN_FLOAT64_COPIES = 6.5
 # What generate_inputs allows when not told otherwise (the command line's --max-input-gib may set it).
 MAX_INPUT_GIB = DEFAULT_MAX_INPUT_GIB
 # Draws are made this many at a time in float64 and cast into the input: the same stream, and so the same
@@ -32,15 +42,44 @@ def input_bytes(case: Case) -> int:
     return sum(math.prod(spec.shape) * to_numpy_dtype(spec.dtype).itemsize for spec in case.inputs.values())
 
 
-def check_input_size(case: Case, limit_gib: float = DEFAULT_MAX_INPUT_GIB) -> int:
+def run_peak_bytes(case: Case) -> int:
+    """About the most memory a run of the case holds at once, all processes together (RUN_FLOAT64_COPIES)."""
+    return round(RUN_FLOAT64_COPIES * 8 * sum(math.prod(spec.shape) for spec in case.inputs.values()))
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this machine has (None: unknown), or its control group's limit where that is lower."""
+    sizes = []
+    try:
+        total = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:"))
+        sizes.append(int(total.split()[1]) * 1024)
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    try:
+        sizes.append(int(Path("/sys/fs/cgroup/memory.max").read_text()))  # "max": no limit
+    except (OSError, ValueError):
+        pass
+    return min(sizes, default=None)
+
+
+def check_input_size(case: Case, limit_gib: float | None = None) -> int:
     """The case's inputs must fit in `limit_gib` GiB; checked before anything is allocated. Returns the bytes.
+    With no limit given: DEFAULT_MAX_INPUT_GIB, and the run's peak (run_peak_bytes) must fit in this machine's
+    memory; a limit given is the user's word, and replaces both.
 
     Raises CaseError: "cases/x.yaml: inputs need 74.5 GiB; limit 8 GiB (set --max-input-gib)"."""
     need = input_bytes(case)
-    if need > limit_gib * _GIB:
-        point = f" (in sweep point {case.name})" if case.sweep_of else ""
-        raise CaseError(f"{case.source}: inputs need {need / _GIB:,.1f} GiB; limit {limit_gib:g} GiB "
+    point = f" (in sweep point {case.name})" if case.sweep_of else ""
+    limit = DEFAULT_MAX_INPUT_GIB if limit_gib is None else limit_gib
+    if need > limit * _GIB:
+        raise CaseError(f"{case.source}: inputs need {need / _GIB:,.1f} GiB; limit {limit:g} GiB "
                         f"(set --max-input-gib){point}")
+    memory = machine_memory() if limit_gib is None else None
+    if memory is not None and run_peak_bytes(case) > memory:
+        raise CaseError(f"{case.source}: inputs need {need / _GIB:,.2f} GiB, and a run holds about "
+                        f"{RUN_FLOAT64_COPIES:g} float64 copies of them at its peak ({run_peak_bytes(case) / _GIB:,.1f} "
+                        f"GiB): more than this machine's {memory / _GIB:,.1f} GiB of memory (make the inputs smaller, "
+                        f"or set --max-input-gib to run it anyway){point}")
     return need
 
 

@@ -10,29 +10,37 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import ValidationError
+from pydantic import Field, StrictBool, StrictInt, ValidationError, field_validator
 
-from harness.case import Strict
-from harness.errors import XfalignError, field_text, validation_problem
+from harness.case import NAME_RULE, Strict, is_safe_name, line_and_field, read_yaml
+from harness.errors import XfalignError, describe_value, validation_problem
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "portable-avx2"
+MAX_PROFILE_BYTES = 64 << 10  # a profile is a few lines a person writes
+MAX_THREADS = 1024
+# torch._inductor.config.cpp.simdlen picks the vector ISA of that bit width; any other value falls back to
+# no vectorization (or fails), which no profile means.
+SIMD_WIDTHS = Literal[128, 256, 512]
+Threads = Annotated[StrictInt, Field(ge=1, le=MAX_THREADS)]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FIELDS = "environment_class, env, torch, paddle"
 
 
 class ProfileError(XfalignError):
-    """A profile that does not exist or does not validate; the message is one line."""
+    """A profile that does not exist or does not validate; the message is one line `file:line: field: ...`."""
 
 
 class TorchPins(Strict):
-    mkldnn: bool | None = None  # torch.backends.mkldnn.enabled
-    threads: int | None = None  # torch.set_num_threads
-    inductor_simdlen: int | None = None  # torch._inductor.config.cpp.simdlen (vector bits of compiled code)
+    mkldnn: StrictBool | None = None  # torch.backends.mkldnn.enabled
+    threads: Threads | None = None  # torch.set_num_threads
+    inductor_simdlen: SIMD_WIDTHS | None = None  # torch._inductor.config.cpp.simdlen (vector bits of compiled code)
 
 
 class PaddlePins(Strict):
-    threads: int | None = None
+    threads: Threads | None = None
 
 
 class NumericsProfile(Strict):
@@ -42,6 +50,24 @@ class NumericsProfile(Strict):
     env: dict[str, str] = {}
     torch: TorchPins = TorchPins()
     paddle: PaddlePins = PaddlePins()
+
+    @field_validator("environment_class")
+    @classmethod
+    def _one_folder_name(cls, name: str | None) -> str | None:
+        # goldens of the class are kept in <baseline>/<class>/: a path here would write them anywhere
+        if name is not None and not is_safe_name(name):
+            raise ValueError(f"{name!r} is not a safe class name (it names the baseline's folder): {NAME_RULE}")
+        return name
+
+    @field_validator("env")
+    @classmethod
+    def _variables(cls, env: dict[str, str]) -> dict[str, str]:
+        for variable, value in env.items():
+            if not _ENV_NAME.match(variable):
+                raise ValueError(f"{variable!r} is not an environment variable name (letters, digits, '_')")
+            if "\0" in value:
+                raise ValueError(f"{variable}: the value holds a NUL character")
+        return env
 
 
 def profile_path(name: str, relative_to: str | Path | None = None) -> Path:
@@ -57,22 +83,28 @@ def available_profiles() -> list[str]:
 
 
 def load_profile(name: str | None, relative_to: str | Path | None = None) -> NumericsProfile:
+    """The profile, validated as case files are: each problem is one line naming the file, line and field."""
     name = name or DEFAULT_PROFILE
     path = profile_path(name, relative_to)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError:
+    if not path.is_file():
         known = ", ".join(available_profiles()) or "none"
-        raise ProfileError(f"no numerics profile {name!r} ({path}); known: {known}") from None
-    except yaml.YAMLError as error:
-        raise ProfileError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+        raise ProfileError(f"no numerics profile {name!r} ({path}); known: {known}")
+    data, lines = read_yaml(path, "numerics profile", ProfileError, MAX_PROFILE_BYTES)
+    if data is None or data == {}:
+        raise ProfileError(f"{path}:1: (top level): the profile is empty and pins nothing; set {FIELDS} "
+                           "(the built-in profile `native` is the one that pins nothing)")
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}:1: (top level): a numerics profile is a mapping of fields ({FIELDS}), "
+                           f"got {describe_value(data)}")
+    if "name" in data:
+        raise ProfileError(f"{path}:{lines.get(('name',), 1)}: name: a profile is named by its file "
+                           f"({path.stem}); remove the key")
     try:
         return NumericsProfile(name=Path(name).stem, **data)
-    except TypeError as error:
-        raise ProfileError(f"{path}: (top level): {error}") from None
     except ValidationError as error:
         location, message = validation_problem(error)
-        raise ProfileError(f"{path}: {field_text(location)}: {message}") from None
+        line, field = line_and_field(lines, location)
+        raise ProfileError(f"{path}:{line}: {field}: {message}") from None
 
 
 def cpu_isa() -> str:

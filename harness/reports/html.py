@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -184,10 +185,18 @@ def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
     return write_text_atomic(path, html)
 
 
+def shortened(stem: str, name: str, max_chars: int) -> str:
+    """`stem` (a file name stem made of `name`) when it has at most `max_chars` characters; else its start
+    and 12 hex digits of `name`'s SHA-256, so that two long names that begin alike stay two names."""
+    if len(stem) <= max_chars:
+        return stem
+    return f"{stem[:max_chars - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+
+
 def safe_file_stem(name: str) -> str:
     """A file name stem from a case name: A-Z a-z 0-9 . _ - kept, anything else `_`; no leading or trailing
-    dots or underscores (no hidden files, never `..`)."""
-    return safe_name(name).strip("._")[:MAX_FILE_STEM] or "case"
+    dots or underscores (no hidden files, never `..`); shortened beyond MAX_FILE_STEM characters."""
+    return shortened(safe_name(name).strip("._"), name, MAX_FILE_STEM) or "case"
 
 
 def report_file_names(case_names: list[str], reserved: tuple[str, ...] = ("index",)) -> list[str]:

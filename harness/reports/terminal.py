@@ -15,6 +15,7 @@ from harness.reports.text import (
     CODE_CHANGED,
     FIRST_DIVERGENT_MARK,
     GATE_LABELS,
+    INPUTS_CHANGED,
     TABLE_COLUMNS,
     TREE_COLUMNS,
     abs_text,
@@ -141,7 +142,14 @@ def print_gate_result(result: GateResult, console: Console) -> None:
     console.print(f"[{STATUS_STYLES['fail']}]{GATE_LABELS[False]}[/] {escape(result.case_name)}:")
     for line in gate_lines(result.failures):
         _plain(console, f"  {line}")
-    if result.environment_changes:
+    _print_cause(result, console)
+
+
+def _print_cause(result: GateResult, console: Console) -> None:
+    """What explains the drift: inputs that are not the golden's, a changed environment, else the code."""
+    if result.inputs_changed:
+        _plain(console, f"  {INPUTS_CHANGED}")
+    elif result.environment_changes:
         _plain(console, f"  {environment_changed_text(result.environment_changes)}")
     elif result.drifted:
         _plain(console, f"  {CODE_CHANGED}")
@@ -206,7 +214,4 @@ def print_tree_gate_result(result: TreeGateResult, console: Console) -> None:
         _plain(console, f"  {line}")
     if len(lines) > MAX_FAILURE_LINES:
         _plain(console, f"  {more_lines_text(len(lines) - MAX_FAILURE_LINES)}")
-    if result.environment_changes:
-        _plain(console, f"  {environment_changed_text(result.environment_changes)}")
-    elif result.drifted:
-        _plain(console, f"  {CODE_CHANGED}")
+    _print_cause(result, console)

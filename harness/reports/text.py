@@ -202,10 +202,21 @@ def _float_values(d: dict) -> str:
     return ", ".join(parts)
 
 
-def _digest(d: dict | None) -> str:
-    if d is None:
-        return "none"
-    return f"{d['dtype']} {d['shape']} " + (d["md5"][:8] if d.get("md5") else f"fast:{d.get('fast64', '')[:8]}")
+def distinct_prefixes(a: str, b: str, least: int = 8) -> tuple[str, str]:
+    """The first `least` characters of two hashes, or more where those are equal: up to the first that differs."""
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[:max(least, common + 1)], b[:max(least, common + 1)]
+
+
+def _hash_of(d: dict) -> str:
+    return d["md5"] if d.get("md5") else f"fast:{d.get('fast64', '')}"
+
+
+def _digest_pair(golden: dict | None, now: dict | None) -> str:
+    """An input's digest in the golden and now: dtype, shape, and as much of each hash as tells them apart."""
+    hashes = distinct_prefixes(_hash_of(golden) if golden else "", _hash_of(now) if now else "")
+    texts = [f"{d['dtype']} {d['shape']} {h}" if d is not None else "none" for d, h in zip((golden, now), hashes)]
+    return f"{texts[0]} → {texts[1]}"
 
 
 def _recorded(value) -> str:
@@ -230,16 +241,22 @@ def _digest_change(d: dict) -> str:
         return (f"not comparable: side A recorded {_HASH_NAMES.get(hashes[0], hashes[0])}, side B "
                 f"{_HASH_NAMES.get(hashes[1], hashes[1])}; capture both with the same hash "
                 "(capture(..., hash=\"md5\") or hash=\"fast\" on both sides)")
-    if d.get("hash") == "fast64":
-        change = f"fast hash {d['a'][:8]} → {d['b'][:8]}"
-    else:
-        change = f"digest {d['a'][:8]} → {d['b'][:8]}"
+    a, b = distinct_prefixes(d["a"], d["b"])
+    change = f"{'fast hash' if d.get('hash') == 'fast64' else 'digest'} {a} → {b}"
     if d["values"]:
         return change + ", yet every element is equal"
     if d.get("digests_only"):  # a capture in digest mode
         return change + f" (side {' and '.join(d['digests_only'])} recorded digests only: no values to measure ULP)" \
             + _stats_change(d.get("stats") or {})
     return change + " (the golden holds no values to measure ULP)"
+
+
+def _no_golden(d: dict) -> str:
+    if d.get("unreadable"):
+        return f"golden unreadable: {d['unreadable']}; repair it, or rewrite it with --update"
+    if d.get("written"):
+        return f"no golden yet: wrote {d['written']}; this fails once: run the gate again to check against it"
+    return "no golden yet: run with --update to record one"
 
 
 _HASH_NAMES = {"md5": "MD5 only", "fast64": "the fast hash only (fast64)", "md5+fast64": "MD5 and the fast hash"}
@@ -260,13 +277,12 @@ _DETAILS: dict[str, Callable[[dict], str]] = {
     "no-worse-than": _no_worse,
     "no-reference": lambda d: f"{d['expectation']} cannot be judged" + (f" for side {d['side']}" if d.get("side") else "")
                               + f": {reason_text(d['reason'])}",
-    "input": lambda d: f"{_digest(d['golden'])} → {_digest(d['now'])}",
+    "input": lambda d: _digest_pair(d["golden"], d["now"]),
     "generator": lambda d: (f"inputs made by generator {d['golden']}, this run uses {d['now']}: update the goldens "
                             "(xfalign gate ... --update); the tensors were not compared with them"),
     "nondeterministic": lambda d: f"{d['distinct']} different digests in {d['repeats']} repeats on side {d['side']} "
                                   "(nondeterministic there; not a cross-framework difference)",
-    "no-golden": lambda d: (f"no golden yet: wrote {d['written']}; this fails once: run the gate again to check "
-                            "against it") if d.get("written") else "no golden yet: run with --update to record one",
+    "no-golden": lambda d: _no_golden(d),
     "environment": lambda d: f"{field_label(d['field'])} {_recorded(d['golden'])} → {_recorded(d['now'])}",
 }
 
@@ -502,6 +518,9 @@ def environment_changed_text(changes: list[str]) -> str:
 
 
 CODE_CHANGED = "environment fingerprint unchanged since the golden: the code changed"
+INPUTS_CHANGED = ("the inputs differ from the golden's: the golden belongs to another case (or this case's seed, "
+                  "shapes or dtypes changed), so its tensors differ too; check the golden's `case:`, or rewrite it "
+                  "with --update")
 
 
 def update_text(created: bool, changed: list[str]) -> str:
@@ -573,12 +592,28 @@ def goldens_written_text(written: list[str], total: int) -> str:
     return f"goldens written: {len(written)} of {total}{names}"
 
 
+def tree_goldens_written_text(written: list[str], steps: list[str]) -> str:
+    """An update of a tree's goldens goes in step order: one stopped part way wrote the first of them."""
+    if 2 < len(written) < len(steps) and written == steps[:len(written)]:
+        return (f"goldens written: {len(written)} of {len(steps)}: the first {len(written)} steps, {written[0]} to "
+                f"{written[-1]}; the others are as they were")
+    return goldens_written_text(written, len(steps))
+
+
 def gate_summary_text(passed: int, failed: int, crashed: int) -> str:
     return f"gate: {passed} passed, {failed} failed" + (f", {crashed} crashed" if crashed else "")
 
 
 def error_line(error) -> str:
     return f"xfalign: error: {error}"
+
+
+def warning_line(text: str) -> str:
+    return f"xfalign: warning: {text}"
+
+
+def jobs_capped_text(asked: int, cores: int) -> str:
+    return f"-j {asked} is more than the {cores} cores here: running up to {cores} cases at once"
 
 
 def interrupted_line(signal_name: str) -> str:
