@@ -18,27 +18,38 @@ starts moving those few scalars of every tensor to the host at once; no MD5 is r
 (tensors kept in full still get one). `step()` hands the step to a writer thread, which waits for that work
 and writes the step's dump while training goes on: the next `step()` waits for it (so at most one step is
 being written while the next is recorded), and so do `flush()` and the end of the `with` block, which raise
-a write's error.
+a write's error (CaptureWriteError, naming the step and the folder).
+
+The path is made absolute when the capture is made (training code may change its working directory). An
+earlier tree of the same side at the path is kept until the new capture's first step is complete: the new
+tree is written in a staging folder beside it and swapped in then. A capture object is entered once at a
+time, and a folder is written by one capture at a time (in this process, and across processes through an
+flock on the folder). Tensors of a dtype or layout no dump holds (fp8, sparse, ...) are left out, listed in
+the step's meta (notes.capture): a capture never breaks the training step.
 """
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import os
+import re
 import sys
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
-from harness.atomic import fsync_dir, fsync_file, remove_tree, unsynced, write_text_atomic
+from harness.atomic import fsync_dir, fsync_file, remove_tree, replace_dir, staging_dir, unsynced, write_text_atomic
 from harness.capture.fast_hash import HASHES, PendingDigest, fast_entry
 from harness.capture.format import (
     CAPTURE_FORMAT,
@@ -56,14 +67,28 @@ from harness.capture.format import (
 )
 from harness.capture.stats import digest_entry, tensor_stats
 from harness.capture.tree import read_tree
-from harness.dtypes import dtype_name
+from harness.case import MAX_NAME_CHARS, NAME_RULE, is_safe_name
+from harness.dtypes import NUMPY_DTYPES
 from harness.dump import Dump, DumpTargetError
-from harness.errors import XfalignError
+from harness.errors import OutputError, XfalignError
 from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
 
 
 class CaptureError(XfalignError):
-    """A capture that cannot start: a model no framework adapter knows, a bad mode, selection or refetch list."""
+    """A capture that cannot start: a model no framework adapter knows, a bad mode, side name, selection or
+    refetch list, a capture entered twice, a folder another capture is writing."""
+
+
+class CaptureWriteError(OutputError, OSError):
+    """A step or the manifest that cannot be written (a full disk, no permission): names the step and the
+    folder. An OSError too, as the write's own error was before. Its __cause__ is the write's own error."""
+
+
+# the folders captures of this process are writing (an flock does the same across processes)
+_WRITING: set[Path] = set()
+_WRITING_LOCK = threading.Lock()
+# the names xfalign writes in a tree: the manifest, step folders, and the hidden staging names of their atomic writes
+_TREE_ENTRY = re.compile(r"^(capture\.json|step-\d+|\.(capture\.json|step-\d+)\..+)$")
 
 
 def adapter_of(model: Any) -> FrameworkAdapter:
@@ -98,6 +123,77 @@ def load_refetch(refetch: str | Path | Sequence[str] | None, side: str) -> list[
     if not isinstance(globs, list) or not all(isinstance(glob, str) for glob in globs):
         raise CaptureError(f"{where}: expected a list of module globs (or a mapping side -> list)")
     return globs
+
+
+def _side_name(side: Any) -> str:
+    """The side name, checked: it names the tree's dumps and is printed in reports."""
+    if not is_safe_name(side):
+        shown = repr(side[:80]) if isinstance(side, str) else repr(side)[:80]
+        raise CaptureError(f"capture: side={shown} is not a safe side name: {NAME_RULE}, at most {MAX_NAME_CHARS} "
+                           f"characters (e.g. side='paddle-bf16')")
+    return side
+
+
+def _listed(value: Any, parameter: str, kinds: tuple[type, ...], what: str) -> list:
+    """A selection parameter as a list: None is none, one item (a text, a class) is one, else its items,
+    each of `kinds`."""
+    if value is None:
+        return []
+    if isinstance(value, kinds):
+        return [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise CaptureError(f"capture: {parameter}={repr(value)[:80]} is not {what}, nor a list of them") from None
+    for item in items:
+        if not isinstance(item, kinds):
+            raise CaptureError(f"capture: {parameter}: {repr(item)[:80]} is not {what}")
+    return items
+
+
+def _unsupported(tensor: Any) -> str | None:
+    """What about `tensor` no dump holds (its layout, else its dtype), None when it can be recorded. Checked
+    before the tensor is read: Paddle's .numpy() of a sparse tensor crashes the process, and of an fp8 one
+    gives int8 values."""
+    is_sparse = getattr(tensor, "is_sparse", None)
+    if callable(is_sparse) and is_sparse():  # Paddle: a method
+        return "sparse"
+    layout = str(getattr(tensor, "layout", "torch.strided"))  # torch; Paddle's `layout` is a data layout (NCHW)
+    if not callable(is_sparse) and layout != "torch.strided":
+        return layout.rpartition(".")[2]
+    dtype = str(getattr(tensor, "dtype", type(tensor).__name__)).rpartition(".")[2]  # torch.float32, paddle.float32
+    return None if dtype in NUMPY_DTYPES else dtype
+
+
+def _lock(folder: Path) -> int | None:
+    """An exclusive flock on `folder`, held (by the descriptor returned) while the capture writes there;
+    CaptureError if another process holds it; None where the file system has no flock."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise CaptureError(f"capture {folder}: another process is capturing into it; wait for it to end or give "
+                           "another path") from None
+    except OSError:  # no flock on this file system: only this process's captures are refused
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+@contextmanager
+def _writing(what: str, after: str = "") -> Iterator[None]:
+    """A write that fails (a full disk, no permission) as a CaptureWriteError naming `what`, with the operating
+    system's words (safetensors wraps them in its own), then `after`."""
+    try:
+        yield
+    except XfalignError:  # a refusal, or a write error named already
+        raise
+    except (OSError, SafetensorError) as error:
+        words = error.strerror if isinstance(error, OSError) else None
+        found = re.search(r"I/O error: (.+?) \(os error \d+\)", str(error))
+        reason = words or (found[1] if found else str(error))
+        raise CaptureWriteError(f"capture: cannot write {what}: {reason}{after}") from error
 
 
 def _module_name(path: str) -> str:
@@ -142,11 +238,12 @@ class Capture:
         if hash not in HASHES:
             raise CaptureError(f"capture: unknown hash {hash!r}; expected one of {', '.join(HASHES)}")
         self.hash = hash
-        self.model, self.path, self.mode = model, Path(path), mode
+        self.model, self.path, self.mode = model, Path(path).absolute(), mode
         self.adapter = adapter_of(model)
-        self.side = side or self.adapter.name
-        self.module_globs = list(modules or [])
-        self.types = list(types or [])
+        self.side = self.adapter.name if side is None else _side_name(side)
+        self.module_globs: list[str] = _listed(modules, "modules", (str,),
+                                               "a module glob (text such as 'decoder.layers.*.mlp' or '(root)')")
+        self.types: list[str | type] = _listed(types, "types", (str, type), "a class or a class name (such as 'Linear')")
         self.refetch = load_refetch(refetch, self.side) if mode == "digests-then-full" else []
         if refetch is not None and mode != "digests-then-full":
             raise CaptureError(f"capture: refetch needs mode 'digests-then-full', not {mode!r}")
@@ -162,6 +259,10 @@ class Capture:
         self._writing: Future | None = None  # the write of the last step handed over
         self._steps = 0  # steps handed to the writer
         self._step = _Step()
+        self.folder = self.path  # where this process's tree goes: a rank's folder in it, with several ranks
+        self._claimed: Path | None = None  # the folder, in _WRITING while this capture writes it
+        self._locks: list[int] = []  # flocked descriptors: the folder's, and the staging folder's
+        self._staging: Path | None = None  # where steps go until the first is complete, over an earlier tree
 
     # -- setup ------------------------------------------------------------------------------------------
 
@@ -197,26 +298,67 @@ class Capture:
         self.full = {path: self.mode == "full" or any(fnmatch.fnmatchcase(_module_name(path), glob) for glob in self.refetch)
                      for path in self.modules}
 
-    def _prepare_folder(self) -> None:
+    def _claim(self) -> None:
+        """Make the folder this capture's alone: refused if a capture of this process writes it, else
+        created if missing and flocked (refused if another process holds it)."""
         folder = self.folder
         if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
             raise DumpTargetError(f"capture {folder}: exists and is not a folder")
-        if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST_FILE).is_file():
+        key = folder.resolve()
+        with _WRITING_LOCK:
+            if key in _WRITING:
+                raise CaptureError(f"capture {folder}: another capture of this process is writing there; end its "
+                                   "`with` block first, or give another path")
+            _WRITING.add(key)
+        self._claimed = key
+        folder.mkdir(parents=True, exist_ok=True)
+        self._hold(folder)
+
+    def _hold(self, folder: Path) -> None:
+        descriptor = _lock(folder)
+        if descriptor is not None:
+            self._locks.append(descriptor)
+
+    def _release(self) -> None:
+        for descriptor in self._locks:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)  # for a process forked meanwhile too, which shares the lock
+            os.close(descriptor)
+        self._locks = []
+        if self._claimed is not None:
+            with _WRITING_LOCK:
+                _WRITING.discard(self._claimed)
+            self._claimed = None
+
+    def _prepare_folder(self) -> None:
+        """Check what the (claimed) folder holds: nothing, or an earlier capture tree of this side and nothing
+        else. Over an earlier tree the steps go to a staging folder until the first is complete."""
+        folder = self.folder
+        if not any(folder.iterdir()):
+            return
+        if not (folder / MANIFEST_FILE).is_file():
             raise DumpTargetError(f"capture {folder}: exists and is not a capture tree (no {MANIFEST_FILE}); "
                                   f"refusing to write there")
-        if (folder / MANIFEST_FILE).is_file():  # an earlier capture of this side is replaced
-            earlier = read_tree(folder).manifest
-            if earlier.side != self.side:
-                raise DumpTargetError(f"capture {folder}: holds a capture of side {earlier.side!r}, not {self.side!r}; "
-                                      f"refusing to replace it")
-            for old in sorted(folder.glob("step-[0-9]*")):
-                remove_tree(old)
+        earlier = read_tree(folder).manifest
+        if earlier.side != self.side:
+            raise DumpTargetError(f"capture {folder}: holds a capture of side {earlier.side!r}, not {self.side!r}; "
+                                  f"refusing to replace it")
+        foreign = sorted(entry.name for entry in folder.iterdir() if not _TREE_ENTRY.match(entry.name))
+        if foreign:
+            raise DumpTargetError(f"capture {folder}: holds files xfalign did not write ({', '.join(foreign[:5])}); "
+                                  "refusing to replace the capture there (move them, or give another path)")
+        self._staging = staging_dir(folder)
+        self._hold(self._staging)
+
+    @property
+    def _target(self) -> Path:
+        """Where steps and the manifest are written now: the staging folder until the first step is complete."""
+        return self._staging or self.folder
 
     def _write_manifest(self) -> None:
         manifest = CaptureManifest.model_validate({
             "format": CAPTURE_FORMAT, "xfalign": __version__, "side": self.side, "framework": self.adapter.name,
             "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": self.steps_written})
-        write_text_atomic(self.folder / MANIFEST_FILE, manifest.model_dump_json(indent=1) + "\n")
+        write_text_atomic(self._target / MANIFEST_FILE, manifest.model_dump_json(indent=1) + "\n")
 
     def _environment(self) -> dict:
         from harness.numerics import NumericsProfile, environment_class
@@ -227,19 +369,25 @@ class Capture:
                 | self.adapter.runtime_fingerprint(device) | {"environment_class": environment_class(profile, [device])})
 
     def __enter__(self) -> Capture:
+        if self._claimed is not None:
+            raise CaptureError(f"capture {self.folder}: this capture is active already (its `with` block has not "
+                               "ended); enter a capture once at a time")
         self.rank, self.world_size = self.adapter.distributed() or (None, None)
         many = self.world_size is not None and self.world_size > 1
         self.folder = self.path / rank_folder(self.rank or 0) if many else self.path
         self.root = type(self.model).__name__
         self._select()
-        self._prepare_folder()
-        self.environment = self._environment()
-        self.provenance = self.provenance or self._provenance()
-        self._tensor = self.adapter.tensor_type()
-        self._write_manifest()
-        self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="xfalign-capture")
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-capture-writer")
+        self.steps_written, self._steps = [], 0
         try:
+            with _writing(f"to {self.folder}"):
+                self._claim()
+                self._prepare_folder()
+                self._write_manifest()
+            self.environment = self._environment()
+            self.provenance = self.provenance or self._provenance()
+            self._tensor = self.adapter.tensor_type()
+            self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="xfalign-capture")
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-capture-writer")
             for path, module in self.modules.items():
                 self._removers += self.adapter.hook_module(
                     module, lambda m, args, kwargs, path=path: self._before(path, args, kwargs),
@@ -258,11 +406,13 @@ class Capture:
         if failed is not None:
             if error is None:
                 raise failed
-            error.add_note(f"xfalign capture: writing step {self._steps - 1} also failed: {failed}")
+            cause = failed.__cause__ if isinstance(failed, CaptureWriteError) and failed.__cause__ else failed
+            error.add_note(f"xfalign capture: writing step {self._steps - 1} also failed: {cause}")
 
     def _close(self) -> BaseException | None:
-        """Remove every hook, drop the work of an unfinished step, wait for the last step's write; its
-        error, if it failed."""
+        """Remove every hook, drop the work of an unfinished step, wait for the last step's write, make the
+        written steps durable, remove a staging folder no step completed (the earlier tree stays) and let the
+        folder go; the write's error, if one failed."""
         for remove in self._removers + self._step.grad_hooks:
             remove()
         self._removers, self._step = [], _Step()
@@ -271,9 +421,13 @@ class Capture:
             self.flush()
         except BaseException as error:  # noqa: BLE001 - handed to __exit__, which raises it or notes it
             failed = error
+        if self._staging is not None:  # no step was completed: the earlier tree stays as it was
+            remove_tree(self._staging)
+            self._staging, self.steps_written = None, []
         try:
-            self._sync_written()
-        except OSError as error:
+            with _writing(f"{self.folder} to disk (fsync)"):
+                self._sync_written()
+        except CaptureWriteError as error:
             failed = failed or error
         if self._writer is not None:
             self._writer.shutdown(wait=True)
@@ -281,10 +435,11 @@ class Capture:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._release()
         return failed
 
     def _sync_written(self) -> None:
-        """fsync the steps the writer left unsynced, and the manifest."""
+        """fsync the steps the writer left unsynced, the manifest, and the folder's swap into place."""
         for name in self.steps_written:
             for path in (self.folder / name).iterdir():
                 fsync_file(path)
@@ -292,6 +447,7 @@ class Capture:
         if self.steps_written:
             fsync_file(self.folder / MANIFEST_FILE)
             fsync_dir(self.folder)
+            fsync_dir(self.folder.parent)
 
     def flush(self) -> None:
         """Wait until every step handed to `step()` is written; raise the error of a write that failed."""
@@ -316,27 +472,22 @@ class Capture:
 
     def _submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
         """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
-        (and a note in the step's meta) for a dtype no dump holds."""
+        (and a note in the step's meta) for a dtype or layout no dump holds."""
+        unsupported = _unsupported(tensor)
+        if unsupported is not None:
+            step.skipped.append(f"{name} ({unsupported})")
+            return None
         full, version = self.full[path], self.adapter.tensor_version(tensor)
         seen = step.seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1:] == (version, full):
             step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
             return name
         fast = self.hash == "fast" and not full
-        try:
-            pending = self.adapter.device_digest(tensor) if fast else None
-        except ValueError:
-            step.skipped.append(f"{name} ({getattr(tensor, 'dtype', type(tensor).__name__)})")
-            return None
+        pending = self.adapter.device_digest(tensor) if fast else None
         if pending is not None:
             step.results[name] = (None, pending)
         else:
             array = self.adapter.host_copy(tensor)
-            try:
-                dtype_name(array.dtype)
-            except ValueError:
-                step.skipped.append(f"{name} ({array.dtype})")
-                return None
             assert self._pool is not None
             step.results[name] = (array, self._pool.submit(tensor_stats, array)) if full else \
                 (None, self._pool.submit(fast_entry if fast else digest_entry, array))
@@ -381,8 +532,9 @@ class Capture:
         module = _module_name(path)
         for slot, tensor in leaves:
             name = self._submit(step, call_tensor(module, call, "output", slot), tensor, path)
-            if name is not None:
-                names.append(name)
+            if name is None:
+                continue  # not recorded: neither is its gradient (of the same dtype and layout)
+            names.append(name)
             if self.adapter.tracks_grad(tensor):
                 step.grad_hooks.append(self.adapter.hook_grad(tensor, self._grad_hook(step, path, call, slot)))
         with self._lock:
@@ -436,7 +588,8 @@ class Capture:
         """The writer thread's part of a step: its meta (while the device may still be digesting), the
         digests' values, then the dump and the manifest, atomic but not fsynced (`_close` makes them durable,
         all at once: an fsync per file and step cost a small model's step several times over)."""
-        with unsynced():
+        kept = "; the earlier capture there is kept" if self._staging is not None else ""
+        with unsynced(), _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
             self._write_unsynced(step, index, pending, rows)
 
     def _write_unsynced(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
@@ -456,9 +609,12 @@ class Capture:
                 tensors[name], stats[name] = array, work.result()
         # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
         dump = Dump(meta, tensors, unstored=unstored, stats=stats, order=order)
-        folder = dump.write(self.folder / step_folder(index), validate=False)
+        folder = dump.write(self._target / step_folder(index), validate=False)
         self.steps_written.append(folder.name)
         self._write_manifest()
+        if self._staging is not None:  # the first step is complete: the new tree replaces the earlier one
+            replace_dir(self._staging, self.folder)
+            self._staging = None
 
     def _meta(self, step: _Step, index: int) -> dict:
         info = CaptureInfo.model_validate({
@@ -469,7 +625,7 @@ class Capture:
                 "provenance": self.provenance, "environment": self.environment, "inputs": {},
                 "capture": info.model_dump(mode="json")}
         if step.skipped:
-            meta["notes"] = {"capture": f"not recorded (a dtype xfalign dumps do not hold): {', '.join(step.skipped)}"}
+            meta["notes"] = {"capture": f"not recorded (a dtype or layout xfalign dumps do not hold): {', '.join(step.skipped)}"}
         return meta
 
     def _provenance(self) -> str:

@@ -3,7 +3,11 @@
 A's capture holds, for one call of a module, its inputs, its parameters at the start of the step and its
 outputs. Replay puts A's inputs and parameters into B's names and layouts (the map's `to_b`), runs B's
 module (or the B modules the map pairs with it, each on its own inputs) forward, brings the outputs back
-into A's names and layouts (`to_a`) and compares them with A's captured outputs, bitwise:
+into A's names and layouts (`to_a`) and compares them with A's captured outputs, bitwise.
+
+Every parameter under B's module (its sub-modules' too) takes A's value for it, of the same shape and dtype
+(or one that widens exactly); B's own values are put back afterwards, also when B's module raises. A
+parameter A's capture holds no value for keeps B's own and is listed (`not_loaded`). The verdicts:
 
 - every output equal: B's module computes what A's does from the same inputs, so a difference seen
   where the two captures are compared is inherited from upstream ("inherited");
@@ -19,7 +23,9 @@ Framework-neutral: the framework comes from the module (harness.frameworks adapt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +35,7 @@ import numpy as np
 from harness.capture.format import ROOT, TensorName, call_tensor, param_tensor
 from harness.capture.tree import Tree, read_tree
 from harness.compare.pairs import Pair, originate
+from harness.dtypes import dtype_name
 from harness.dump import Dump
 from harness.errors import XfalignError
 
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
     from harness.frameworks.base import FrameworkAdapter
 
 Verdict = Literal["inherited", "differs", "no counterpart"]
+# a parameter of A's dtype (left) loads exactly into one of these dtypes of B's
+EXACT_WIDENING = {"bfloat16": ("float32", "float64"), "float16": ("float32", "float64"), "float32": ("float64",)}
 
 
 class ReplayError(XfalignError):
@@ -51,9 +60,11 @@ class ReplayResult:
     step: int
     call: int
     outputs: list[Pair]  # A's captured output vs B's replayed one, in A's names and layouts
-    params_loaded: bool  # A's parameters were loaded into B (else B's own were checked equal to them)
+    params_loaded: bool  # every parameter under B's modules took A's value (else see not_loaded, or the adapter
+    # cannot load parameters and B's own were checked equal to A's)
     not_replayed: list[str] = field(default_factory=list)  # A outputs that B's replay does not make
     exact: ExactReplay | None = None  # replay(..., exact=True): each side against its module run in float64
+    not_loaded: list[str] = field(default_factory=list)  # B's parameters A's capture gives no value for: B's own used
 
     @property
     def verdict(self) -> Verdict:
@@ -92,25 +103,23 @@ def replay(module_b: Any, tree_a: str | Path | Tree, module_a: str, tensor_map: 
     if not outputs_a:
         raise ReplayError(f"{tree.path}: step {step}: no output of {module_a} call {call} was stored "
                           "(capture it in full, or give the module's path as captured)")
-    params_a = {name: np.asarray(dump.tensors[name]) for name in dump.tensors
-                if (parsed := TensorName.parse(name)) is not None and parsed.module == module_a and parsed.role == "param"}
-    given_b = tensor_map.to_b({**inputs_a, **params_a})
+    given_b = tensor_map.to_b({**inputs_a, **_parameters_under(dump, module_a)})
 
-    params_loaded = _put_parameters(adapter, modules, given_b)
-    made_a = tensor_map.to_a(Dump({}, run_modules(adapter, modules, given_b, call))).tensors
-    pairs, missing = [], []
-    for name, array in outputs_a.items():
-        if tensor_map.ignored("a", name):
-            continue
-        if name not in made_a:
-            missing.append(name)
-            continue
-        pairs.append(originate(name, array, np.asarray(made_a[name])))
-    result = ReplayResult(module_a, list(modules), step, call, pairs, params_loaded, missing)
-    if exact:
-        from harness.capture.replay_exact import replay_exact
+    with _parameters_of_a(adapter, modules, given_b, module_a) as (params_loaded, not_loaded):
+        made_a = tensor_map.to_a(Dump({}, _run_b(adapter, modules, given_b, module_a, call))).tensors
+        pairs, missing = [], []
+        for name, array in outputs_a.items():
+            if tensor_map.ignored("a", name):
+                continue
+            if name not in made_a:
+                missing.append(name)
+                continue
+            pairs.append(originate(name, array, np.asarray(made_a[name])))
+        result = ReplayResult(module_a, list(modules), step, call, pairs, params_loaded, missing, not_loaded=not_loaded)
+        if exact:
+            from harness.capture.replay_exact import replay_exact
 
-        result.exact = replay_exact(result, inputs_a, outputs_a, made_a, model_a, modules, dump, given_b, tensor_map)
+            result.exact = replay_exact(result, inputs_a, outputs_a, made_a, model_a, modules, dump, given_b, tensor_map)
     return result
 
 
@@ -130,6 +139,20 @@ def run_modules(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict
         for slot, tensor in _leaves(output, adapter.tensor_type()):
             made[call_tensor(path, call, "output", slot)] = adapter.to_numpy(tensor)
     return made
+
+
+def _run_b(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict[str, np.ndarray], module_a: str,
+           call: int) -> dict[str, np.ndarray]:
+    """run_modules on B's modules; what they raise, as a ReplayError naming them (the error chained)."""
+    try:
+        return run_modules(adapter, modules, arrays, call)
+    except ReplayError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever B's module raises: said where, the error chained
+        shapes = ", ".join(f"{name} {list(np.shape(array))}" for name, array in arrays.items() if ":input." in name)
+        raise ReplayError(f"replay of {module_a}: B's {', '.join(modules)} raised {first_line(error)} when given A's "
+                          f"inputs ({shapes or 'none'}); check that the map's entries give them in B's names and "
+                          "layouts, and that these B modules are A's module's counterpart") from error
 
 
 def _modules_b(module_b: Any, module_a: str, tensor_map: TensorMap) -> dict[str, Any]:
@@ -165,25 +188,93 @@ def _call_arguments(arrays: dict[str, np.ndarray], module: str, call: int) -> tu
     return [array for _, array in positional], {slot: array for slot, array in slots.items() if not slot.isdigit()}
 
 
-def _put_parameters(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
-    """Load A's (mapped) parameters into B's modules where the adapter can; otherwise check B's own are
-    the same bits (ReplayError naming the first that is not). Returns whether they were loaded."""
-    loaded = True
+def _parameters_under(dump: Dump, module_a: str) -> dict[str, np.ndarray]:
+    """A's stored parameters of `module_a` and of every module under it (the capture names each after the
+    nearest selected module at or above it)."""
+    inside = module_a + "."
+    return {name: np.asarray(dump.tensors[name]) for name in dump.tensors
+            if (parsed := TensorName.parse(name)) is not None and parsed.role == "param"
+            and (module_a == ROOT or parsed.module == module_a or parsed.module.startswith(inside))}
+
+
+def captured_parameter(names: Collection[str], module: str, relative: str) -> str | None:
+    """The capture name among `names` of the parameter `relative` (a dotted path) of `module`: named after the
+    module it sits in, or any module above it (the nearest selected one, in the capture), deepest first."""
+    parts = ([] if module == ROOT else module.split(".")) + relative.split(".")
+    for k in range(len(parts) - 1, -1, -1):
+        name = param_tensor(".".join(parts[:k]) or ROOT, "param", ".".join(parts[k:]))
+        if name in names:
+            return name
+    return None
+
+
+def _b_parameters(adapter: FrameworkAdapter, modules: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """Every parameter under B's modules, once: (the B module path it is given under, its path relative to
+    that module, the parameter)."""
+    seen: set[int] = set()
     for path, module in modules.items():
-        for name, param in adapter.own_parameters(module):
-            wanted = arrays.get(param_tensor(path, "param", name))
-            if wanted is None:
-                raise ReplayError(f"replay: A's capture gives no value for B's parameter {path}.{name}")
+        for sub, child in adapter.named_modules(module):
+            for name, param in adapter.own_parameters(child):
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield path, f"{sub}.{name}" if sub else name, param
+
+
+@contextmanager
+def _parameters_of_a(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict[str, np.ndarray],
+                     module_a: str) -> Iterator[tuple[bool, list[str]]]:
+    """Every parameter under B's modules takes A's (mapped) value where `arrays` has one, and gets B's own back
+    when the block ends, however it ends. Where the adapter cannot load parameters, B's own are checked to be
+    A's bits instead (ReplayError naming the first that is not). Yields (whether every one took A's value, B's
+    parameters A's capture gives no value for)."""
+    saved: list[tuple[Any, np.ndarray]] = []
+    loaded, not_loaded = True, []
+    try:
+        for path, relative, param in _b_parameters(adapter, modules):
+            label = relative if path == ROOT else f"{path}.{relative}"
+            found = captured_parameter(arrays, path, relative)
+            if found is None:
+                not_loaded.append(label)
+                continue
+            own = adapter.host_copy(param)
+            wanted = _fitted(arrays[found], own, f"replay of {module_a}: B's parameter {label}")
             try:
                 adapter.load_parameter(param, wanted)
-                continue
             except NotImplementedError:
                 loaded = False
-            have = adapter.to_numpy(param)
-            if have.dtype != wanted.dtype or have.shape != wanted.shape or have.tobytes() != wanted.tobytes():
-                raise ReplayError(f"replay: B's parameter {path}.{name} is not A's (mapped) and the "
-                                  f"{adapter.name} adapter cannot load parameters")
-    return loaded
+                if own.tobytes() != wanted.tobytes():
+                    raise ReplayError(f"replay of {module_a}: B's parameter {label} is not A's ({found}, through the "
+                                      f"map) and the {adapter.name} adapter cannot load parameters; give B's module "
+                                      "A's parameters before replaying") from None
+                continue
+            saved.append((param, own))
+        yield loaded and not not_loaded, not_loaded
+    finally:
+        for param, own in reversed(saved):
+            adapter.load_parameter(param, own)
+
+
+def _fitted(value: np.ndarray, own: np.ndarray, what: str) -> np.ndarray:
+    """A's value for a B parameter, in the parameter's dtype when that holds it exactly; ReplayError (starting
+    with `what`) when its shape or dtype does not fit."""
+    value = np.asarray(value)
+    if value.shape != own.shape:
+        raise ReplayError(f"{what} is {list(own.shape)}, A's value for it is {list(value.shape)}: add or fix the map's "
+                          "entry for it (a transpose, a split), or replay the module A's value belongs to")
+    have, given = dtype_name(own.dtype), dtype_name(value.dtype)
+    if have == given:
+        return value
+    if have in EXACT_WIDENING.get(given, ()):
+        return value.astype(own.dtype)
+    raise ReplayError(f"{what} is {have}, A's value for it {given}, which {have} does not hold exactly: give B's "
+                      f"module A's dtype ({given}) to replay it")
+
+
+def first_line(error: BaseException) -> str:
+    """The error's kind and its first line of words (Paddle's "(NotFound) ..." line where there is one)."""
+    lines = [line.strip() for line in str(error).splitlines() if any(c.isalpha() for c in line)]
+    text = next((line for line in lines if re.match(r"\(\w+\) ", line)), lines[0] if lines else "")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _leaves(value: Any, tensor_type: type) -> list[tuple[str, Any]]:

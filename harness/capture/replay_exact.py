@@ -26,7 +26,6 @@ output is closer to exact (`replay(..., exact=True, model_a=...)`; `ReplayResult
 from __future__ import annotations
 
 import copy
-import re
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -35,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from harness.capture.format import ROOT, TensorName, param_tensor
+from harness.capture.format import ROOT
+from harness.capture.replay import captured_parameter, first_line
 from harness.compare.arbiter import ExactComparison, arbitrate
 from harness.compare.exact import UNIT_ROUNDOFF, ExactError, error_to_exact
 from harness.compare.pairs import Pair, originate
@@ -222,7 +222,7 @@ def _float64_copy(module: Any, adapter: FrameworkAdapter) -> Any:
     try:
         twin = copy.deepcopy(module, shared)
     except Exception as error:  # noqa: BLE001 - whatever the module holds that cannot be copied: N/A, said why
-        raise _CannotRun(f"cannot copy {type(module).__name__}: {_first_line(error)}") from None
+        raise _CannotRun(f"cannot copy {type(module).__name__}: {first_line(error)}") from None
     if _framework(twin) == "torch":
         return twin.double()
     if _framework(twin) == "paddle":
@@ -237,7 +237,7 @@ def _load_captured(twin: Any, adapter: FrameworkAdapter, module_a: str, dump: Du
     for path, module in adapter.named_modules(twin):
         for name, param in adapter.own_parameters(module):
             relative = f"{path}.{name}" if path else name
-            stored = _captured_parameter(dump, module_a, relative)
+            stored = captured_parameter(dump.tensors, module_a, relative)
             if stored is None:
                 kept.append(relative)
                 continue
@@ -246,17 +246,6 @@ def _load_captured(twin: Any, adapter: FrameworkAdapter, module_a: str, dump: Du
                 raise _CannotRun(f"A's captured {stored} is {list(array.shape)}, the module's {relative} {list(param.shape)}")
             adapter.load_parameter(param, array.astype(np.float64))
     return [f"side A's parameters not stored in the capture, taken from the module given: {', '.join(kept)}"] if kept else []
-
-
-def _captured_parameter(dump: Dump, module_a: str, relative: str) -> str | None:
-    """The stored capture name of A's parameter `relative` (to module_a): the capture names it after the nearest
-    selected module at or above it (harness.capture.api)."""
-    parts = ([] if module_a == ROOT else module_a.split(".")) + relative.split(".")
-    for k in range(len(parts) - 1, -1, -1):
-        name = param_tensor(".".join(parts[:k]) or ROOT, "param", ".".join(parts[k:]))
-        if name in dump.tensors and (parsed := TensorName.parse(name)) is not None and parsed.role == "param":
-            return name
-    return None
 
 
 def _run(module: Any, forward: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -275,7 +264,7 @@ def _run(module: Any, forward: Callable[[], dict[str, np.ndarray]]) -> dict[str,
         try:
             return forward()
         except Exception as error:  # noqa: BLE001 - a kernel without float64, and the like: N/A, said why
-            raise _CannotRun(f"cannot run in float64: {_first_line(error)}") from None
+            raise _CannotRun(f"cannot run in float64: {first_line(error)}") from None
 
 
 def _framework(module: Any) -> str | None:
@@ -288,8 +277,3 @@ def _framework(module: Any) -> str | None:
     return None
 
 
-def _first_line(error: BaseException) -> str:
-    """The error's kind and its first line of words (Paddle's "(NotFound) ..." line where there is one)."""
-    lines = [line.strip() for line in str(error).splitlines() if any(c.isalpha() for c in line)]
-    text = next((line for line in lines if re.match(r"\(\w+\) ", line)), lines[0] if lines else "")
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
