@@ -5,15 +5,18 @@ framework is imported once; every case's side is a job sent to the worker of its
 puts the process back as it was after each case). `run_cases` runs up to `jobs` cases at once and
 yields them in case order.
 
-Each worker runs in its own session and process group (so does everything it starts: torch's compile
-workers, helpers left by user code). Its stdout and stderr go to files (the worker's own log, and per
-job the case's log), never to a pipe, so a helper that inherits them cannot hold the run open; jobs and
-results travel on a private pipe, and the parent watches the worker's pid, not the pipe. A worker that
-dies during a job (a signal, os._exit, sys.exit) or passes the job's timeout has its whole group
-SIGKILLed; that case fails (SideCrashed: the signal named, the exit code, the last lines of the case's
-output) and the next case of that key gets a new worker. On SIGINT/SIGTERM (`interrupt_handler`,
-installed by the CLI, raises `Interrupted`) or when the pool is closed every group is SIGKILLed and the
-temporary folder removed before the exception leaves.
+Each worker runs in its own session, under a keeper process (harness.reaper): every process the worker
+starts stays a descendant of the keeper, even one that leaves the worker's session or group (a daemon),
+and the worker ends those a case started when the case ends. Its stdout and stderr go to files (the
+worker's own log, and per job the case's log), never to a pipe, so a helper that inherits them cannot
+hold the run open; jobs and results travel on a private pipe, and the parent watches the keeper's pid
+(which exits as the worker did), not the pipe. A worker that dies during a job (a signal, os._exit,
+sys.exit) or passes the job's timeout has everything under its keeper SIGKILLed; that case fails
+(SideCrashed: the signal named, the exit code, the last lines of the case's output) and the next case
+of that key gets a new worker. On SIGINT/SIGTERM (`interrupt_handler`, installed by the CLI, raises
+`Interrupted`) or when the pool is closed every worker's tree is SIGKILLed and the temporary folder
+removed before the exception leaves. When this process dies without that (SIGKILL), each keeper sees
+it and ends its worker's tree, and the next run removes the temporary folder it left.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -36,6 +40,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 import harness
 from harness.case import REFERENCE_SIDE, Case
 from harness.compare.case import CaseComparison, compare_dumps
@@ -44,6 +50,7 @@ from harness.errors import Interrupted, OutputError, SideCrashed, safe_name
 from harness.inputs import generate_inputs, write_inputs
 from harness.numerics import NumericsProfile, environment_class, load_profile
 from harness.ops import family_for, reference_framework
+from harness.reaper import claim, kill_descendants, sweep
 
 # Per side, from the job's start (for a worker started for that job: from the worker's start, framework
 # import and compilation included); `--timeout` on the command line, else a case's `timeout`, else this.
@@ -63,13 +70,15 @@ spec = importlib.util.spec_from_file_location("harness", os.path.join(package, "
 module = importlib.util.module_from_spec(spec)
 sys.modules["harness"] = module
 spec.loader.exec_module(module)
+import harness.reaper
+harness.reaper.keep(int(sys.argv[2]))  # this process stays as the keeper; the worker is its child
 import harness.worker
 for name, loaded in list(sys.modules.items()):
     where = getattr(loaded, "__file__", None)
     if (name == "harness" or name.startswith("harness.")) and where and \\
             not os.path.realpath(where).startswith(os.path.realpath(package) + os.sep):
         sys.exit(f"xfalign worker: {name} was imported from {where}, not from the parent's {package}")
-sys.exit(harness.worker.main(sys.argv[2:]))
+sys.exit(harness.worker.main(sys.argv[3:]))
 """
 
 
@@ -142,23 +151,54 @@ def _tail(*logs: Path) -> str:
     return f"; last {len(lines)} lines of its output:\n" + "\n".join(f"  {line}" for line in lines)
 
 
+TEMP_PREFIX = "xfalign-"
+_ROOM_HINT = "free some space there or set TMPDIR to a folder with room"
+
+
+def _write_failure(error: OSError | SafetensorError) -> str:
+    """The operating system's words for a failed write; safetensors wraps them ("Error while serializing:
+    I/O error: No space left on device (os error 28)")."""
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    wrapped = re.search(r"I/O error: (.+?) \(os error \d+\)", str(error))
+    return wrapped.group(1) if wrapped else str(error)
+
+
+def _claimed_temp_folder() -> Path:
+    """A new temporary folder, marked as this process's; first the folders of killed runs are removed."""
+    parent = Path(tempfile.gettempdir())
+    sweep(parent, TEMP_PREFIX)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent))
+    except OSError as error:
+        raise OutputError(f"cannot create a temporary folder in {parent}: {error.strerror} ({_ROOM_HINT})") from None
+    try:
+        claim(folder)
+    except OSError as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise OutputError(f"cannot write in the temporary folder {folder}: {error.strerror} ({_ROOM_HINT})") from None
+    return folder
+
+
 class PoolClosed(Exception):
     """The pool was closed (interrupted run) while a job waited or ran."""
 
 
 class _Process:
-    """One started worker process: its group, its channel, its own log."""
+    """One started worker process (`popen`: its keeper, harness.reaper): its channel, its own log."""
 
     def __init__(self, popen: subprocess.Popen, to_worker: int, from_worker: int, log: Path):
         self.popen, self.to_worker, self.from_worker, self.log = popen, to_worker, from_worker, log
         self.started = time.monotonic()
         self.reaped = False
         self.buffer = b""
-        self._stopping = threading.Lock()  # the pool's close and the slot's thread may both stop it
+        # the pool's close and the slot's thread may both stop it; held while killing: the keeper's pid
+        # is not reaped (and reused) meanwhile
+        self._stopping = threading.RLock()
 
     def exited(self) -> bool:
-        """Whether the worker has exited, leaving it unreaped (its pid stays the group's id until
-        `stop` SIGKILLs the group)."""
+        """Whether the worker has exited (its keeper, once it ended what the worker left), leaving the
+        keeper unreaped (its pid is not reused before `stop`)."""
         if self.reaped:
             return True
         if hasattr(os, "waitid"):
@@ -166,16 +206,14 @@ class _Process:
         return self.popen.poll() is not None
 
     def kill(self) -> None:
-        """SIGKILL the worker's process group, leaving the reaping to `stop`."""
-        if self.reaped:
-            return
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """SIGKILL every process under the keeper (the worker, whatever it started); the keeper reaps them
+        and exits, and `stop` reaps the keeper."""
+        with self._stopping:
+            if not self.reaped:
+                kill_descendants(self.popen.pid)
 
     def stop(self) -> None:
-        """SIGKILL the worker's process group (helpers and compile workers included) and reap the worker.
+        """SIGKILL the worker's tree (helpers and compile workers included) and reap its keeper.
         Its pipe ends are closed exactly once: a second close could hit a descriptor reused meanwhile."""
         with self._stopping:
             if self.reaped:
@@ -284,7 +322,8 @@ class _Slot:
                 if pool._closed:
                     raise PoolClosed("the worker pool was closed")
                 popen = subprocess.Popen(
-                    [sys.executable, "-P", "-c", _WORKER_BOOT, str(HARNESS_DIR), "--serve", str(child_in), str(child_out)],
+                    [sys.executable, "-P", "-c", _WORKER_BOOT, str(HARNESS_DIR), str(os.getpid()), "--serve", str(child_in),
+                     str(child_out)],
                     stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True, pass_fds=(child_in, child_out))
                 process = _Process(popen, to_worker, from_worker, log)
@@ -344,7 +383,7 @@ class _Slot:
 class WorkerPool:
     """Long-lived workers, one per (framework, device, numerics profile) (more per key where `jobs`
     allows: jobs // 2 each), started when a case first needs one, reused by every case, restarted after
-    a crash or a timeout. A context manager: closing it SIGKILLs every worker's process group and removes
+    a crash or a timeout. A context manager: closing it SIGKILLs every worker's tree and removes
     the pool's temporary folder (logs, inputs, the dumps of runs without --dump).
 
         with WorkerPool() as pool:
@@ -379,15 +418,11 @@ class WorkerPool:
     def workdir(self) -> Path:
         with self._lock:
             if self._workdir is None:
-                try:
-                    self._workdir = Path(tempfile.mkdtemp(prefix="xfalign-"))
-                except OSError as error:
-                    raise OutputError(f"cannot create a temporary folder in {tempfile.gettempdir()}: "
-                                      f"{error.strerror}") from None
+                self._workdir = _claimed_temp_folder()
             return self._workdir
 
     def close(self) -> None:
-        """SIGKILL every worker's group, fail what is still queued, remove the temporary folder."""
+        """SIGKILL every worker's tree, fail what is still queued, remove the temporary folder."""
         with _critical():
             with self._lock:
                 self._closed = True
@@ -605,7 +640,8 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
     try:
         workdir = Path(tempfile.mkdtemp(prefix=f"case-{safe_name(case.name)[:40]}-", dir=pool.workdir))
     except OSError as error:
-        raise OutputError(f"cannot create a temporary folder in {pool.workdir}: {error.strerror}") from None
+        raise OutputError(f"cannot create a temporary folder in {pool.workdir}: {error.strerror} ({_ROOM_HINT})") from None
+    reference_job = None
     try:
         # absolute before any user code runs: a side that changes its working directory cannot move its dump
         dump_dirs = {side: Path(path).absolute() for side, path in (dump_dirs or {
@@ -613,8 +649,8 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
         inputs_file = workdir / "inputs.safetensors"
         try:
             write_inputs(generate_inputs(case, max_input_gib), inputs_file)
-        except OSError as error:
-            raise OutputError(f"cannot write the inputs in {workdir}: {error.strerror}") from None
+        except (OSError, SafetensorError) as error:
+            raise OutputError(f"cannot write the case's inputs {inputs_file}: {_write_failure(error)} ({_ROOM_HINT})") from None
         timings: dict = {"inputs": time.perf_counter() - started}
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         futures, logs = {}, {}
@@ -629,7 +665,6 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
             logs[REFERENCE_SIDE] = workdir / "output-reference.log"
             follow = (REFERENCE_SIDE, dict(job, side=next(iter(case.sides)), **_target(dump_dirs[REFERENCE_SIDE], workdir),
                                            reference=reference_key[0], repeat=1), logs[REFERENCE_SIDE], limit)
-        reference_job = None
         for index, side in enumerate(sides):
             logs[side] = workdir / f"output-{index}-{safe_name(side)}.log"
             key, submitted = _key(case, side, profile), (side, dict(job, side=side, **_target(dump_dirs[side], workdir)), logs[side], limit)

@@ -46,6 +46,7 @@ from harness.frameworks import FrameworkAdapter, adapter_for
 from harness.inputs import GENERATOR, read_inputs
 from harness.numerics import NumericsProfile, environment_class
 from harness.ops import NotAvailable, family_for, reference_impl
+from harness.reaper import kill_descendants, reap
 
 _WARNINGS = ".*(Transformer Engine|Apex|ccache).*"
 
@@ -211,6 +212,7 @@ class _CaseState:
             os.chdir(job["cwd"])
 
     def restore(self) -> None:
+        _end_case_processes()
         if self.adapter is not None:
             self.adapter.restore_state(self.framework_state)
         os.chdir(self.cwd)
@@ -230,6 +232,28 @@ class _CaseState:
 
         ops._file_module.cache_clear()
         ops._family.cache_clear()
+
+
+def _end_case_processes() -> None:
+    """SIGKILL and reap what the case started and left running: helpers, daemons that left this worker's
+    session (re-parented here: the worker is their subreaper, harness.reaper). A framework's pool kept
+    for the next cases stays."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # no child at all: nothing to walk /proc for
+        return
+    reap(kill_descendants(os.getpid(), spare=_framework_pools()))
+
+
+def _framework_pools() -> frozenset[int]:
+    """torch inductor's compile workers (started by a case's compilation, reused by the next ones):
+    the sidecar of its SubprocPool, or the workers of a ProcessPoolExecutor."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is None or not async_compile.AsyncCompile.process_pool.cache_info().currsize:
+        return frozenset()
+    pool = async_compile.AsyncCompile.process_pool()
+    sidecar = getattr(pool, "process", None)
+    return frozenset([sidecar.pid] if sidecar is not None else getattr(pool, "_processes", None) or ())
 
 
 def _numpy_state():

@@ -7,12 +7,15 @@ its output) it runs `python -m harness.cli`; elsewhere the same command runs in 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -231,7 +234,7 @@ def test_write_error_while_writing_outputs_is_exit_2(tmp_path, capsys):
 
     done = xfalign(tmp_path, "run", case, "--side", "ref", "--dump", "dumps/ref", preexec_fn=limit_file_size)
     assert done.returncode == 2, (done.stdout, done.stderr)
-    assert_one_error_line(done, "cannot write the dump dumps/ref: File too large")
+    assert_one_error_line(done, f"cannot write the dump {tmp_path / 'dumps' / 'ref'}: File too large")  # made absolute
     assert not (tmp_path / "dumps" / "ref").exists() and list((tmp_path / "dumps").iterdir()) == []  # no staging left
     # a dump written without the limit, then a report that does not fit
     assert xfalign_here(capsys, "run", case, "--side", "ref", "--dump", "dumps/ref").returncode == 0
@@ -384,3 +387,241 @@ def test_stray_modules_in_the_working_directory_are_not_imported_by_workers(tmp_
         (cwd / f"{module}.py").write_text(f"raise SystemExit('stray {module}.py imported')\n")
     monkeypatch.chdir(cwd)
     assert main(["run", str(path), "--html", str(tmp_path / "html")]) == 0
+
+
+# --- processes and folders a run leaves behind: helpers outside the worker's group, a killed run -------
+
+# helpers that leave the worker's process group (the first is in it), each writing its pid to helper.pid
+DETACHED = {
+    "in the group": HELPER,
+    "new session": 'helper = subprocess.Popen(["sleep", "1000"], start_new_session=True)\n'
+                   '(HERE / "helper.pid").write_text(str(helper.pid))\n',
+    "new group": 'helper = subprocess.Popen(["sleep", "1000"], process_group=0)\n'
+                 '(HERE / "helper.pid").write_text(str(helper.pid))\n',
+    # a forked copy of the worker (Paddle loaded), detached as a daemon is: fork, setsid, fork, parent exits
+    "daemon": 'first = os.fork()\n'
+              'if first == 0:\n'
+              '    os.setsid()\n'
+              '    if os.fork() == 0:\n'
+              '        (HERE / "helper.pid").write_text(str(os.getpid()))\n'
+              '        time.sleep(1000)\n'
+              '    os._exit(0)\n'
+              'os.waitpid(first, 0)\n'
+              'while not (HERE / "helper.pid").exists():\n'
+              '    time.sleep(0.01)\n',
+}
+
+
+def absent(pid: int, within: float = 2.0) -> bool:
+    """The process has exited and was reaped (no zombie left)."""
+    deadline = time.monotonic() + within
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def helpers(tmp_path):
+    """The pids of the helpers the test's user functions recorded; any still running at the end is killed
+    (a failing test leaves no `sleep 1000`)."""
+    recorded: list[int] = []
+    yield recorded
+    for pid in recorded:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def helper_pid(folder: Path, helpers: list[int]) -> int:
+    pid = int((folder / "helper.pid").read_text())
+    helpers.append(pid)
+    return pid
+
+
+@pytest.mark.parametrize("kind", DETACHED)
+def test_helpers_a_case_starts_end_with_the_case(tmp_path, workers, helpers, kind):
+    """With the session's workers (which live on): by the time run_case returns, what the user function
+    started is gone and reaped, however it detached; a child of this process that the pool did not start
+    is left alone."""
+    from harness.case import load_case
+    from harness.runner import run_case
+
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        run = run_case(load_case(make_case(tmp_path, DETACHED[kind])))
+        assert run.comparison is not None
+        assert absent(helper_pid(tmp_path, helpers)), f"a helper ({kind}) outlived its case"
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_helper_outside_the_group_of_a_worker_that_dies_is_killed(tmp_path, capsys, helpers):
+    """The worker exits mid-job (os._exit) after detaching a daemon: the keeper ends the daemon."""
+    case = make_case(tmp_path, DETACHED["daemon"] + "os._exit(1)")
+    done = xfalign_here(capsys, "run", case)
+    assert done.returncode == 3 and "CRASH case: side 'user' exited before writing its dump (exit 1)" in done.stdout
+    assert absent(helper_pid(tmp_path, helpers))
+    assert absent(int((tmp_path / "worker.pid").read_text()))
+
+
+def test_timeout_kills_a_helper_outside_the_group(tmp_path, capsys, workers, helpers):
+    from harness.case import load_case
+    from harness.runner import run_case
+
+    run_case(load_case(make_case(tmp_path / "warm")))  # the session's Paddle worker is up
+    case = make_case(tmp_path, DETACHED["new session"] + "time.sleep(1000)")
+    done = xfalign_here(capsys, "run", case, "--timeout", "2")
+    assert done.returncode == 3 and "CRASH case: side 'user' timed out after 2 s" in done.stdout, done.stdout
+    assert absent(helper_pid(tmp_path, helpers))
+    assert absent(int((tmp_path / "worker.pid").read_text()))
+
+
+def keeper_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.slow  # a fresh xfalign process and its workers
+def test_sigkill_to_xfalign_ends_its_workers_and_the_next_run_removes_its_folder(tmp_path, helpers, monkeypatch):
+    """SIGKILL leaves xfalign no chance to clean up: each worker's keeper sees its parent die and ends the
+    worker (mid-job: the side sleeps) and what it started; the next run removes the temporary folder."""
+    from harness.runner import WorkerPool
+
+    case = make_case(tmp_path, DETACHED["daemon"] + "time.sleep(1000)")
+    process = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(case)], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=xfalign_env(tmp_path))
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "helper.pid").exists():  # the worker is inside the user function
+            assert process.poll() is None and time.monotonic() < deadline, "the worker never reached the user function"
+            time.sleep(0.1)
+        worker, helper = int((tmp_path / "worker.pid").read_text()), helper_pid(tmp_path, helpers)
+        keeper = keeper_of(worker)
+        left = [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("xfalign-")]
+        process.kill()
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert gone(worker) and gone(helper) and gone(keeper), "a worker outlived xfalign"
+    assert len(left) == 1 and left[0].is_dir()  # nothing could remove it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    with WorkerPool(jobs=1) as pool:  # the next run
+        ours = pool.workdir  # made as a run makes it: the stale folders are removed first
+        assert [p.name for p in (tmp_path / "tmp").iterdir()] == [ours.name]
+    assert_no_temp_left(tmp_path)
+
+
+def claimed(folder: Path, **owner) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "owner.json").write_text(json.dumps(owner))
+    (folder / "inputs.safetensors").write_text("x")
+    return folder
+
+
+def test_next_run_removes_folders_of_killed_runs_only(tmp_path, monkeypatch):
+    """A folder whose owner process is gone (or whose pid now names another process) is removed; one whose
+    owner runs, one on another host, one without an owner file (an older xfalign's, or not a run's) stay."""
+    from harness.reaper import _identity
+    from harness.runner import WorkerPool
+
+    tmp = tmp_path / "tmp"
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    host = socket.gethostname()
+    me = {"pid": os.getpid(), "process": _identity(os.getpid()), "host": host}
+    stale = [claimed(tmp / "xfalign-dead", pid=ended.pid, process=me["process"], host=host),
+             claimed(tmp / "xfalign-reused", **dict(me, process=f"{me['process']}0"))]
+    kept = [claimed(tmp / "xfalign-live", **me),
+            claimed(tmp / "xfalign-elsewhere", pid=ended.pid, process="x", host=f"not-{host}"),
+            claimed(tmp / "xfalign-hypothesis", other="x"), tmp / "xfalign-unclaimed"]
+    kept[-1].mkdir()
+    (tmp / "xfalign-file").write_text("x")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with WorkerPool(jobs=1) as pool:
+        ours = pool.workdir  # made as a run makes it: the stale folders are removed first
+        assert {p.name for p in tmp.iterdir()} == {ours.name, "xfalign-file", *(folder.name for folder in kept)}
+        assert json.loads((ours / "owner.json").read_text()) == me
+    assert all((folder / "inputs.safetensors").exists() for folder in kept[:3])
+    assert not any(folder.exists() for folder in stale)
+
+
+def test_full_temporary_folder_while_writing_the_inputs_is_one_line(tmp_path, capsys, workers):
+    """In this process (the inputs are written here): a file size limit below the inputs' size (EFBIG, the
+    way a full disk gives ENOSPC: safetensors raises its own error for both)."""
+    case = make_case(tmp_path)
+    before = case_folders(workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))  # x alone is 2 KiB
+    try:
+        done = xfalign_here(capsys, "run", case)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    line = assert_one_error_line(done, "cannot write the case's inputs ", "inputs.safetensors: File too large",
+                                 "set TMPDIR to a folder with room")
+    assert str(workers.workdir) in line
+    assert not (tmp_path / "worker.pid").exists() and case_folders(workers) <= before
+
+
+@pytest.mark.slow  # a fresh xfalign process, in a mount namespace of its own
+def test_full_disk_while_writing_the_inputs_is_one_line(tmp_path):
+    """A real full disk: TMPDIR on a 32 KiB tmpfs (mounted in a user and mount namespace of the run's own),
+    inputs of 64 KiB."""
+    big = PAIR.replace("[16, 64]", "[64, 512]").replace("[16, 1]", "[64, 1]").replace("[16, 32]", "[64, 256]")
+    case = make_case(tmp_path, text=big)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=32k", "none", str(tmp)],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user and mount namespaces here: {probe.stderr.decode().strip()}")
+    script = f'mount -t tmpfs -o size=32k none "$TMPDIR" && exec {sys.executable} -m harness.cli run {case}'
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180, env=xfalign_env(tmp_path))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    line = assert_one_error_line(done, "cannot write the case's inputs ", "No space left on device")
+    assert re.search(rf"{re.escape(str(tmp))}/xfalign-[^/]+/case-[^/]+/inputs.safetensors: ", line), line
+
+
+COMPILE_POOL = '''\
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.async_compile import AsyncCompile
+
+HERE = Path(__file__).parent
+
+
+def swiglu(x, bias, probs, options):
+    pool = AsyncCompile.process_pool()  # what a compilation on a GPU host starts, and the next one reuses
+    assert pool.submit(AsyncCompile._get_ready).result(timeout=120) == "ready"
+    with open(HERE / "sidecar.txt", "a") as out:
+        out.write(f"{pool.process.pid}\\n")
+    a, b = torch.chunk(x.float(), 2, -1)
+    return (F.silu(a) * b * probs.float()).to(x.dtype)
+'''
+
+
+@pytest.mark.slow  # a pool of its own: a Megatron worker started and closed here
+def test_a_frameworks_compile_pool_is_kept_for_the_next_case(tmp_path):
+    """torch inductor's compile workers (a sidecar process) are started by one case and reused by the next:
+    not the case's to end. They end with the worker."""
+    from harness.case import load_case
+    from harness.runner import WorkerPool, run_case
+
+    case = make_case(tmp_path, text=PAIR.replace("{framework: paddle, impl: 'f.py:swiglu'}",
+                                                 "{framework: megatron, impl: 'f.py:swiglu'}"))
+    (tmp_path / "f.py").write_text(COMPILE_POOL)
+    with WorkerPool(jobs=2) as pool:
+        for _ in range(2):
+            run_case(load_case(case), pool=pool)
+        first, second = map(int, (tmp_path / "sidecar.txt").read_text().split())
+        assert first == second and not gone(first, within=0)
+    assert gone(first)
