@@ -8,7 +8,7 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     # lazy: harness.dump imports harness.capture.format, and the API imports harness.dump
-    if name in ("capture", "Capture", "CaptureError"):
+    if name in ("capture", "Capture", "CaptureError", "CaptureWriteError"):
         from harness.capture import api
 
         return getattr(api, name)
