@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -40,11 +41,12 @@ from harness.atomic import fsync_dir, pause, stage_file, write_atomic
 from harness.capture.compare import StepComparison, TreeComparison, TreeSide, compare_steps
 from harness.capture.format import TensorName
 from harness.capture.tree import Tree
+from harness.case import FieldProblem
 from harness.compare.findings import GOLDEN, Finding, judged
 from harness.compare.pairs import DigestPair, originate
 from harness.digest import Digest, verify
 from harness.dump import Dump, DumpError, IntegrityError, recorded_generator
-from harness.errors import OutputError, XfalignError, safe_name
+from harness.errors import OutputError, XfalignError, describe_value, field_text, safe_name
 from harness.fingerprint import changed_fields
 from harness.inputs import GENERATOR
 from harness.reports.html import shortened
@@ -77,6 +79,33 @@ def _parse_digest(text: str) -> Digest:
         raise ValueError(f"not a digest line: {text!r}")
     shape = tuple(int(n) for n in match[2].split(",") if n.strip())
     return Digest(match[1], shape, match[3], fast64=match[4])
+
+
+def _field(data: Any, path: tuple, kind: type) -> Any:
+    """The value at `path` in a golden's YAML, of type `kind` (an empty mapping may be written as nothing)."""
+    value = data
+    for depth, key in enumerate(path):
+        if not isinstance(value, dict):
+            raise FieldProblem(path[:depth], f"a mapping expected, got {describe_value(value)}")
+        if key not in value:
+            raise FieldProblem(path[:depth + 1], "missing")
+        value = value[key]
+    if value is None and kind is dict:
+        return {}
+    if not isinstance(value, kind):
+        raise FieldProblem(path, f"{'a mapping' if kind is dict else 'text'} expected, got {describe_value(value)}")
+    return value
+
+
+def _digests(data: Any, path: tuple) -> dict[str, Digest]:
+    """The digest lines at `path` (name: `dtype [shape] md5`)."""
+    digests = {}
+    for name, line in _field(data, path, dict).items():
+        try:
+            digests[name] = _parse_digest(line)
+        except (ValueError, TypeError):
+            raise FieldProblem((*path, name), f"not a digest line (dtype [shape] md5), got {describe_value(line)}") from None
+    return digests
 
 
 class GoldenError(DumpError):
@@ -227,21 +256,29 @@ class Golden:
 
     @classmethod
     def _parse(cls, text: str, text_path: Path, case_name: str) -> tuple[Golden, Path | None]:
-        """The golden in `text`, and the values file to read with it (None: none)."""
+        """The golden in `text`, and the values file to read with it (None: none). A malformed one is a
+        GoldenError naming the field: `x.golden.yaml: not a readable golden (sides.paddle.tensors: missing)`."""
         try:
             data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or _one_line(error)
+            raise GoldenError(f"{text_path}: not a readable golden (not YAML{where}: {problem})") from None
+        try:
+            version = _field(data, ("format",), str)
+            sides = _field(data, ("sides",), dict)
             golden = cls(
-                data["case"],
-                {name: _parse_digest(t) for name, t in (data["inputs"] or {}).items()},
-                {side: entry["environment"] for side, entry in data["sides"].items()},
-                {side: {name: _parse_digest(t) for name, t in entry["tensors"].items()} for side, entry in data["sides"].items()},
+                _field(data, ("case",), str),
+                _digests(data, ("inputs",)),
+                {side: _field(data, ("sides", side, "environment"), dict) for side in sides},
+                {side: _digests(data, ("sides", side, "tensors")) for side in sides},
                 None,
                 generator=recorded_generator(data),
             )
-            reference = data["values"]
-            version = data["format"]
-        except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as error:
-            raise GoldenError(f"{text_path}: not a readable golden ({type(error).__name__}: {_one_line(error)})") from None
+            reference = _field(data, ("values",), object)
+        except FieldProblem as problem:
+            raise GoldenError(f"{text_path}: not a readable golden ({field_text(problem.path)}: {problem.message})") from None
         if version != FORMAT:
             raise GoldenError(f"{text_path}: golden format {version!r}; this xfalign reads {FORMAT!r}")
         if golden.case != case_name:
