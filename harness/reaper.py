@@ -37,10 +37,8 @@ _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _prctl(option: int, value: int) -> None:
-    """Set a process attribute (Linux); elsewhere nothing (orphans go to pid 1, as without a keeper)."""
-    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
-    if prctl is not None:
-        prctl(option, value, 0, 0, 0)
+    """Set an attribute of this process (Linux's prctl: this module needs Linux, as /proc does)."""
+    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
 def _stat(pid: int) -> list[bytes]:
@@ -172,7 +170,7 @@ OWNER_FILE = "owner.json"
 
 def _identity(pid: int) -> str | None:
     """Which process `pid` is: the boot and the process's start time (a pid is reused; these are not).
-    None where /proc cannot tell (then a folder's owner counts as alive)."""
+    None when there is no such process."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         started = _stat(pid)[19].decode()
