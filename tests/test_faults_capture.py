@@ -85,7 +85,10 @@ def test_a_capture_that_writes_no_step_keeps_the_earlier_tree(torch, tmp_path):
         with capture(model, tmp_path / "tree"):
             raise RuntimeError("boom")  # the training failed before its first step
     assert files(tmp_path) == before
-    one_step(torch, model, tmp_path / "tree", mode="digest")  # a complete first step replaces it
+    stale = tmp_path / ".tree.k1ll3d.tmp"  # the staging folder of a capture killed before its first step was complete
+    stale.mkdir()
+    (stale / "capture.json").write_text("{}")
+    one_step(torch, model, tmp_path / "tree", mode="digest")  # a complete first step replaces the tree
     assert read_tree(tmp_path / "tree").manifest.mode == "digest" and sorted(p.name for p in tmp_path.iterdir()) == ["tree"]
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import fcntl
 import fnmatch
+import glob
 import os
 import re
 import sys
@@ -331,8 +332,12 @@ class Capture:
 
     def _prepare_folder(self) -> None:
         """Check what the (claimed) folder holds: nothing, or an earlier capture tree of this side and nothing
-        else. Over an earlier tree the steps go to a staging folder until the first is complete."""
+        else. Over an earlier tree the steps go to a staging folder until the first is complete; one a killed
+        capture of this folder left (it holds a capture.json; no other capture writes here now) is removed."""
         folder = self.folder
+        for stale in folder.parent.glob(f".{glob.escape(folder.name)}.*.tmp"):
+            if (stale / MANIFEST_FILE).is_file():
+                remove_tree(stale)
         if not any(folder.iterdir()):
             return
         if not (folder / MANIFEST_FILE).is_file():
