@@ -559,7 +559,7 @@ def cmd_gate_tree(args, console: Console) -> int:
                                           ("--repeat", args.repeat != 1), ("--numerics", args.numerics),
                                           ("--timeout", args.timeout), ("-j", args.jobs),
                                           ("--no-reference", args.no_reference), ("--max-input-gib", args.max_input_gib))
-             if value not in (None, False)]
+             if value is not None and value is not False]
     if given:
         raise UsageError(f"--tree goes with --baseline, --update, --json and --html only, not {given[0]} "
                          "(a tree's golden holds its digests: nothing runs)")
