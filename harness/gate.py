@@ -59,7 +59,7 @@ from harness.reports.text import (
     missing_class_text,
     update_text,
 )
-from harness.runner import CaseRun, _critical
+from harness.runner import CaseRun, critical
 
 FORMAT = "xfalign-golden/1"
 # A file name is at most 255 bytes: the stem, then `.golden.<12 hex digits>.safetensors` (32 characters), or a
@@ -438,7 +438,7 @@ def check(run: CaseRun, golden: Golden | None) -> GateResult:
 def write_golden(golden: Golden, directory: Path, written: list[str], with_arrays: bool = True) -> Path:
     """Write the golden and add its case to `written`, as one: SIGINT or SIGTERM meanwhile takes effect after
     both, so an interrupted update says exactly which goldens it wrote, and leaves no staging file."""
-    with _critical():
+    with critical():
         path = golden.write(directory, with_arrays)
         written.append(golden.case)
     return path

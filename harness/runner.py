@@ -115,7 +115,9 @@ def interrupt_handler(signum: int, frame) -> None:
 
 
 @contextmanager
-def _critical():
+def critical():
+    """A SIGINT/SIGTERM (on the main thread) inside the block is held until it ends: what the block writes
+    and records happens whole."""
     main = threading.current_thread() is threading.main_thread()
     if main:
         _Critical.depth += 1
@@ -423,7 +425,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """SIGKILL every worker's tree, fail what is still queued, remove the temporary folder."""
-        with _critical():
+        with critical():
             with self._lock:
                 self._closed = True
                 self._wake.notify_all()

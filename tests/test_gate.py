@@ -197,5 +197,5 @@ def test_golden_names_its_format_and_a_golden_without_one_is_refused(tmp_path):
     with pytest.raises(GoldenError, match=r"golden format 'xfalign-golden/9'; this xfalign reads 'xfalign-golden/1'"):
         Golden.read(tmp_path, "linear[rows=7]")
     text_path.write_text(written.replace(f"format: {FORMAT}\n", ""))
-    with pytest.raises(GoldenError, match=r"linear_rows_7_.golden.yaml: not a readable golden \(KeyError: 'format'\)"):
+    with pytest.raises(GoldenError, match=r"linear_rows_7_.golden.yaml: not a readable golden \(format: missing\)"):
         Golden.read(tmp_path, "linear[rows=7]")
