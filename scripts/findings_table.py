@@ -1,4 +1,4 @@
-"""The README's findings tables, made from a run's JSON, so that every figure there comes from one run:
+"""The findings tables of docs/findings.md, made from a run's JSON, so that every figure there comes from one run:
 
     xfalign run cases/*.yaml --json reports/findings.json
     python scripts/findings_table.py reports/findings.json > findings.md
