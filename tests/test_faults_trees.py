@@ -142,6 +142,18 @@ def test_compare_and_gate_never_read_a_step_outside_the_tree(tmp_path, capsys):
     assert not (tmp_path / "base").exists() and not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.parametrize("side", ["a\u202eb", "../x", "a/b"])
+def test_a_side_name_that_is_not_safe_is_refused_when_a_tree_is_read(tmp_path, side):
+    """A tree written before capture checked its side names, or edited: the name would print raw."""
+    tree = write_tree(tmp_path / "t", "paddle", ["fc1"])
+    manifest = tree / MANIFEST_FILE
+    manifest.write_text(manifest.read_text().replace('"side": "paddle"', f'"side": {json.dumps(side)}'))
+    with pytest.raises(TreeError) as error:
+        read_tree(tree)
+    assert str(error.value).startswith(f"{manifest}: side: {ascii(side)} is not a side name")
+    assert "\u202e" not in str(error.value)
+
+
 def test_a_step_listed_twice_is_refused(tmp_path):
     tree = write_tree(tmp_path / "t", "paddle", ["fc1"], steps=[step_folder(0), step_folder(0)])
     with pytest.raises(TreeError, match=r"capture.json: steps.1: 'step-00000' is listed twice"):

@@ -75,6 +75,9 @@ class Tree:
         except ValidationError as error:
             location, message = validation_problem(error)
             raise TreeError(f"{manifest_path}: {field_text(location)}: {message}") from None
+        if not is_safe_name(self.manifest.side):  # printed in reports and terminals: no control characters
+            raise TreeError(f"{manifest_path}: side: {ascii(self.manifest.side)} is not a side name ({NAME_RULE}); "
+                            "the file is corrupt or edited: capture again")
         _check_step_names(manifest_path, self.manifest.steps)
 
     @property
