@@ -1,5 +1,6 @@
 """The HTML report, opened in headless Chromium: verdicts, numbers, sorting, filter, screenshot."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -95,3 +96,71 @@ def test_text_from_dumps_is_escaped(tmp_path):
     a.meta["provenance"] = "<script>alert(1)</script>"
     html = write_reports([compare_dumps(a, b)], tmp_path / "r.html").read_text()
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
+
+
+def one_field_apart(tmp_path) -> Path:
+    """A report of two dumps whose fingerprints differ in one field only (device_name)."""
+    a, b = known_diff_dumps()
+    b.meta["environment"] = {**a.meta["environment"], "device_name": "NVIDIA H200"}
+    return write_reports([compare_dumps(a, b)], tmp_path / "one_field.html")
+
+
+def test_verdict_divergence_and_tensors_come_before_the_fingerprints(report):
+    html = report.read_text()
+    places = [html.index(marker) for marker in ('id="verdict"', 'id="first-divergent"', '<table id="tensors">',
+                                                  '<details class="fingerprint"', '<table id="fingerprints">')]
+    assert places == sorted(places)
+    assert html.index('<table id="tensors">') < html.index('<section class="tensor')  # the table, then each tensor
+
+
+def test_fingerprints_are_one_collapsed_table_marked_where_they_differ(tmp_path):
+    html = one_field_apart(tmp_path).read_text()
+    assert html.count("<details") == 1 and html.count('<table id="fingerprints">') == 1
+    details = re.search(r"<details[^>]*>.*?</details>", html, re.S).group(0)
+    assert " open" not in details.split(">", 1)[0]  # collapsed by default
+    summary = re.search(r"<summary>(.*?)</summary>", details, re.S).group(1)
+    assert "3 fields, 1 differs between the sides" in summary and "≠" in summary
+    header = re.search(r"<thead>(.*?)</thead>", details, re.S).group(1)
+    assert re.findall(r"<th>(.*?)</th>", header) == ["field", "A: megatron", "B: paddle"]
+    differing = re.findall(r'<tr data-field="([^"]+)" class="differs">', details)
+    assert differing == ["device_name"]
+    row = re.search(r'<tr data-field="device_name".*?</tr>', details, re.S).group(0)
+    assert "≠" in row and ">cpu</td>" in row and ">NVIDIA H200</td>" in row
+    same = re.search(r'<tr data-field="python">.*?</tr>', details, re.S).group(0)
+    assert "≠" not in same
+
+
+def test_a_field_one_side_did_not_record_differs(report):
+    html = report.read_text()  # the fixture's sides record their own framework's version only
+    assert "4 fields, 2 differ between the sides" in html
+    assert re.findall(r'<tr data-field="([^"]+)" class="differs">', html) == ["megatron", "paddle"]
+    row = re.search(r'<tr data-field="paddle".*?</tr>', html, re.S).group(0)
+    assert "not recorded" in row and ">0.0</td>" in row
+
+
+def test_same_fingerprints_say_so(tmp_path):
+    a, b = known_diff_dumps()
+    b.meta["environment"] = dict(a.meta["environment"])
+    html = write_reports([compare_dumps(a, b)], tmp_path / "same.html").read_text()
+    assert "3 fields, the same on both sides" in html and 'class="differs"' not in html and "≠" not in html
+
+
+@pytest.mark.slow  # starts Chromium
+def test_fingerprint_table_opens_in_browser(browser, tmp_path):
+    browser.get(one_field_apart(tmp_path).as_uri())
+    details = browser.find_element(By.ID, "fingerprint")
+    table = browser.find_element(By.ID, "fingerprints")
+    assert details.get_attribute("open") is None and not table.is_displayed()
+    assert browser.find_element(By.ID, "tensors").is_displayed()
+    summary = details.find_element(By.TAG_NAME, "summary")
+    assert "1 differs between the sides" in summary.text and "≠" in summary.text
+    summary.click()
+    assert table.is_displayed()
+    rows = {row.get_attribute("data-field"): [c.text for c in row.find_elements(By.CSS_SELECTOR, "th, td")]
+            for row in table.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    # columns: field, side A, side B
+    assert rows["device_name"] == ["≠ device_name", "cpu", "NVIDIA H200"]
+    assert rows["python"] == ["python", "3.11", "3.11"]
+    marked = table.find_element(By.CSS_SELECTOR, "tr.differs")
+    assert marked.get_attribute("data-field") == "device_name"
+    assert marked.find_element(By.TAG_NAME, "td").value_of_css_property("background-color") != "rgba(255, 255, 255, 1)"

@@ -13,7 +13,7 @@ from jinja2 import Environment, PackageLoader
 
 from harness.atomic import write_text_atomic
 from harness.capture.compare import StepComparison, TreeComparison
-from harness.compare.case import CaseComparison, TensorResult
+from harness.compare.case import CaseComparison, SideInfo, TensorResult
 from harness.compare.metrics import ULP_BUCKETS
 from harness.compare.pairs import FloatPair
 from harness.dtypes import to_numpy_dtype
@@ -156,6 +156,24 @@ def _finding_lines(result: TensorResult) -> list[dict]:
             + [{"text": line, "passed": True} for line in findings_lines(reported)])
 
 
+SHOWN_ELSEWHERE = ("version_line",)  # shown in the side's heading, not as a fingerprint row
+
+
+def _recorded(environment: dict) -> dict:
+    return {k: v for k, v in environment.items() if v not in (None, {}, "") and k not in SHOWN_ELSEWHERE}
+
+
+def fingerprint_view(a: SideInfo, b: SideInfo) -> dict:
+    """Both sides' fingerprints as one table: a row per field either side recorded (A's order, then B's
+    own; a value is None where that side did not record it), marked where the values differ (a field only
+    one side recorded differs); and how many differ. The template words it."""
+    fa, fb = _recorded(a.environment), _recorded(b.environment)
+    rows = [{"field": f, "a": str(fa[f]) if f in fa else None, "b": str(fb[f]) if f in fb else None,
+             "differs": (f in fa, fa.get(f)) != (f in fb, fb.get(f))}
+            for f in list(fa) + [f for f in fb if f not in fa]]
+    return {"rows": rows, "differing": sum(row["differs"] for row in rows)}
+
+
 def case_view(comparison: CaseComparison) -> dict:
     first = comparison.first_divergent
     sides = []
@@ -164,8 +182,7 @@ def case_view(comparison: CaseComparison) -> dict:
                       "mode": side.mode, "provenance": side.provenance,
                       "versions": side.environment.get("version_line"),
                       "nondeterministic": [nondeterministic_text(side.name, name, distinct)
-                                           for name, distinct in side.nondeterministic.items()],
-                      "environment": {k: v for k, v in side.environment.items() if v not in (None, {}, "")}})
+                                           for name, distinct in side.nondeterministic.items()]})
     reference = comparison.reference
     arbiter = {"text": reference_text(comparison), "provenance": reference.provenance if reference else None}
     return {
@@ -174,6 +191,7 @@ def case_view(comparison: CaseComparison) -> dict:
         "status_class": STATUS_CLASSES[comparison.status], "summary": summary_text(comparison),
         "verdict": verdict_text(comparison),
         "first_divergent": first.name if first else None, "sides": sides,
+        "fingerprint": fingerprint_view(comparison.a, comparison.b),
         "inputs": {name: d.to_json() for name, d in comparison.inputs.items()},
         "tensors": [_tensor_view(result, first.name if first else None) for result in comparison.tensors],
         "bitwise_count": sum(result.pair.bitwise for result in comparison.tensors),
