@@ -189,7 +189,7 @@ _renameat2_fn: list = []  # [callable or None], looked up once
 
 def _renameat2():
     if not _renameat2_fn:
-        function = None
+        function: Callable[..., int] | None = None
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             if hasattr(libc, "renameat2"):  # glibc >= 2.28
@@ -202,9 +202,11 @@ def _renameat2():
                 syscall = libc.syscall
                 syscall.restype = ctypes.c_long
 
-                def function(olddirfd, old, newdirfd, new, flags):
+                def via_syscall(olddirfd, old, newdirfd, new, flags):
                     return syscall(ctypes.c_long(number), ctypes.c_int(olddirfd), ctypes.c_char_p(old),
                                    ctypes.c_int(newdirfd), ctypes.c_char_p(new), ctypes.c_uint(flags))
+
+                function = via_syscall
         except (OSError, AttributeError):
             function = None
         _renameat2_fn.append(function)

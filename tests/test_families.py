@@ -188,3 +188,55 @@ def test_class_creation_checks():
             name, options_model, signature, working_inputs = "b", dict, (), ()
             variants = implementations = {}
             layouts = {"paddle": {"x": (0, 0, 1)}}
+
+
+def test_variants_are_staticmethods_in_either_source_form():
+    """A variant is a staticmethod: called through the class or an instance it is the plain function, and
+    impls() hands that function on. @staticmethod beneath @variant (how harness/ops writes them, so mypy
+    checks their bodies) and the bare form users write register alike; @variant inside @staticmethod does
+    not, and the error says which variant is unmarked."""
+    class Fam(OpFamily):
+        name, options_model, signature, working_inputs = "f", dict, ("x",), ("x",)
+        variants = {"paddle": ("bare", "static")}
+        implementations = {"paddle": "m:C"}
+
+        def validate_inputs(self, case):
+            pass
+
+    def source(options):
+        return len
+
+    class Both(Implementations, family=Fam, framework="paddle"):
+        @variant(provenance="bare one")
+        def bare(x, options):
+            return x + options["add"]
+
+        @variant(provenance=lambda options: f"static one, add={options['add']}", source=source)
+        @staticmethod
+        def static(x, options):
+            return x * options["add"]
+
+    for name in ("bare", "static"):
+        assert isinstance(vars(Both)[name], staticmethod)
+    assert Both.bare(2, {"add": 3}) == 5 and Both().bare(2, {"add": 3}) == 5
+    assert Both.static(2, {"add": 3}) == 6 and Both().static(2, {"add": 3}) == 6
+    impls = Both.impls()
+    assert sorted(impls) == ["bare", "static"]
+    assert impls["bare"].fn is Both.bare and impls["static"].fn is Both.static
+    assert impls["bare"].fn(1, {"add": 1}) == 2
+    assert impls["static"].provenance_for({"add": 4}).startswith("static one, add=4")
+    assert impls["static"].source is source and impls["bare"].provenance == "bare one"
+
+    with pytest.raises(TypeError, match=r"implemented \['bare'\] \(static not marked @variant"):
+        class Inverted(Implementations, family=Fam, framework="paddle"):
+            @variant(provenance="p")
+            def bare(x, options):
+                return x
+
+            @staticmethod
+            @variant(provenance="p")
+            def static(x, options):
+                return x
+
+    with pytest.raises(TypeError, match="must decorate a function"):
+        variant(provenance="p")("not a function")

@@ -1,5 +1,5 @@
 """What an op family is: its rules and tensor names (framework-free), and its implementations, one class
-per framework whose @variant methods are checked against the family's declared variants."""
+per framework whose @variant functions (staticmethods) are checked against the family's declared variants."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -21,6 +21,9 @@ from harness.compare.expectations import sides_named
 from harness.dtypes import FLOAT_DTYPES
 from harness.errors import validation_problem
 from harness.fingerprint import version_of
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class NotAvailable(Exception):
@@ -207,26 +210,35 @@ def reference(provenance: str | Callable[[dict], str], source: Callable[[dict], 
     return mark
 
 
-def _unset(*args, **options):
-    raise TypeError("@variant(...) must decorate a function")
+class Variant(staticmethod, Generic[P, R]):
+    """A variant: a staticmethod (so `Cls.name(*tensors, options)` calls the plain function, and mypy types it
+    so) that also carries the provenance of the code it runs."""
 
-
-class variant:
-    """Marks a function in an Implementations class as the variant of that name: fn(*signature, options)."""
-
-    def __init__(self, provenance: str | Callable[[dict], str], source: Callable[[dict], Any] | None = None):
+    def __init__(self, fn: Callable[P, R], provenance: str | Callable[[dict], str],
+                 source: Callable[[dict], Any] | None = None) -> None:
+        super().__init__(fn)
         self.provenance, self.source = provenance, source
-        self.fn: Callable = _unset
 
-    def __call__(self, fn: Callable) -> variant:
-        self.fn = fn
-        return self
-
-    def __get__(self, instance, owner) -> Callable:
-        return self.fn  # the plain function, callable from the class
+    if TYPE_CHECKING:  # typeshed's bare staticmethod gives Callable[..., Any]; keep the function's signature
+        def __get__(self, instance: object, owner: type | None = None, /) -> Callable[P, R]: ...
 
     def impl(self) -> Impl:
-        return Impl(self.fn, self.provenance, self.source)
+        return Impl(self.__func__, self.provenance, self.source)
+
+
+def variant(provenance: str | Callable[[dict], str], source: Callable[[dict], Any] | None = None
+            ) -> Callable[[Callable[P, R] | staticmethod[P, R]], Variant[P, R]]:
+    """Marks a function in an Implementations class as the variant of that name: fn(*signature, options).
+    It becomes a staticmethod. The function may be written with or without @staticmethod beneath; with it,
+    mypy checks its body as a plain function (without, it takes the first parameter for `self`)."""
+
+    def mark(fn: Callable[P, R] | staticmethod[P, R]) -> Variant[P, R]:
+        function = fn.__func__ if isinstance(fn, staticmethod) else fn
+        if not callable(function):
+            raise TypeError(f"@variant(...) must decorate a function, not {function!r}")
+        return Variant(function, provenance, source)
+
+    return mark
 
 
 class Implementations:
@@ -234,6 +246,7 @@ class Implementations:
 
         class SwigluPaddle(Implementations, family=SwigluFamily, framework="paddle"):
             @variant(provenance="...")
+            @staticmethod  # optional: lets mypy check the body
             def fp32_island(x, bias, probs, options): ...
     """
 
@@ -246,12 +259,14 @@ class Implementations:
         declared = set(family.variants.get(framework, ()))
         present = set(cls._variants())
         if declared != present:
+            unmarked = sorted(name for name in declared - present if name in vars(cls))
+            hint = f" ({', '.join(unmarked)} not marked @variant(provenance=...) outermost)" if unmarked else ""
             raise TypeError(f"{cls.__name__}: {family.name} on {framework} declares variants "
-                            f"{sorted(declared)}, implemented {sorted(present)}")
+                            f"{sorted(declared)}, implemented {sorted(present)}{hint}")
 
     @classmethod
-    def _variants(cls) -> dict[str, variant]:
-        return {name: v for name, v in vars(cls).items() if isinstance(v, variant)}
+    def _variants(cls) -> dict[str, Variant[..., Any]]:
+        return {name: v for name, v in vars(cls).items() if isinstance(v, Variant)}
 
     @classmethod
     def impls(cls) -> dict[str, Impl]:

@@ -16,6 +16,7 @@ from harness.ops.megatron_group import one_process_group
 class LinearMegatron(Implementations, family=LinearFamily, framework="megatron"):
     @variant(provenance="megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (TP=1, "
                         "gradient_accumulation_fusion as in the case)")
+    @staticmethod
     def megatron(x, weight, bias, options):
         config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=weight.dtype,
                                      gradient_accumulation_fusion=options["gradient_accumulation_fusion"])

@@ -52,6 +52,7 @@ def combine(expert_out, probs, routing_map, logits, options: dict, route: Callab
 
 class MoeCombineMegatron(Implementations, family=MoeCombineFamily, framework="megatron"):
     @variant(provenance=_provenance)
+    @staticmethod
     def megatron(expert_out, probs, routing_map, logits, options):
         # options["deterministic"] is applied around forward and backward by the side (index_add_ instead of
         # scatter_add_ under torch.use_deterministic_algorithms)

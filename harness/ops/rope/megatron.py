@@ -61,6 +61,7 @@ def _provenance(options: dict) -> str:
 
 class RopeMegatron(Implementations, family=RopeFamily, framework="megatron"):
     @variant(provenance=_provenance, source=lambda options: apply_rotary_pos_emb)
+    @staticmethod
     def megatron(t, freqs, options):
         config = rope_config(t, options)
         with one_process_group(t.device.type):

@@ -64,6 +64,7 @@ def _megatron_cos_sin(freqs, options, dtype):
 class RopePaddle(Implementations, family=RopeFamily, framework="paddle"):
     @variant(provenance="xfalign Paddle variant: fp32_island, RoPE in fp32 from the inputs, one rounding "
                         "(Transformer Engine's fused-RoPE arithmetic) (harness/ops/rope/paddle.py)")
+    @staticmethod
     def fp32_island(t, freqs, options):
         x_rot, x_pass = _split(t, freqs)
         angles = freqs.cast(FP32)
@@ -73,6 +74,7 @@ class RopePaddle(Implementations, family=RopeFamily, framework="paddle"):
 
     @variant(provenance="xfalign Paddle variant: per_op_rounding, megatron-core's eager "
                         "_apply_rotary_pos_emb_bshd op for op, each op rounded (harness/ops/rope/paddle.py)")
+    @staticmethod
     def per_op_rounding(t, freqs, options):
         dtype = t.dtype
         x_rot, x_pass = _split(t, freqs)
@@ -86,6 +88,7 @@ class RopePaddle(Implementations, family=RopeFamily, framework="paddle"):
     @variant(provenance="Paddle kernel: paddle.incubate.nn.functional.fused_rotary_position_embedding "
                         "(use_neox_rotary_style = rotary_interleaved, time_major=False), cos/sin rounded to "
                         "t's dtype as Megatron makes them (harness/ops/rope/paddle.py)")
+    @staticmethod
     def fused_rope(t, freqs, options):
         from paddle.incubate.nn.functional import fused_rotary_position_embedding
 

@@ -89,6 +89,7 @@ def _provenance(options: dict) -> str:
 
 class SwigluMegatron(Implementations, family=SwigluFamily, framework="megatron"):
     @variant(provenance=_provenance)
+    @staticmethod
     def megatron(x, bias, probs, options):
         if options["activation"] == "quick_geglu":
             return weighted_bias_quick_geglu_impl(x, bias, probs, False, options["linear_offset"], options["clamp"])
