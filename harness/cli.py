@@ -41,15 +41,16 @@ from harness.gate import (
     TreeGateResult,
     baseline_dir,
     check,
-    describe_update,
     file_stem,
     gate_tree,
     golden_problem,
     missing_class_message,
+    settle,
     tree_gate_comparison,
     tree_gate_steps,
-    write_golden,
+    unused_goldens,
 )
+from harness.golden_policy import GoldenPolicy, from_update
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, RUN_FLOAT64_COPIES, check_input_size
 from harness.numerics import load_profile
 from harness.ops import reference_framework
@@ -79,6 +80,7 @@ from harness.reports.text import (
     running_text,
     sweep_summary_text,
     tree_goldens_written_text,
+    unused_golden_text,
     warning_line,
     written_text,
 )
@@ -128,10 +130,18 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--baseline", type=Path, required=True,
                       help="folder of goldens: DIR/<environment class>/ (or DIR itself when it holds goldens)")
     gate.add_argument("--numerics", metavar="PROFILE", help=NUMERICS_HELP)
-    gate.add_argument("--update", action="store_true", help="(re)write goldens")
-    gate.add_argument("--only-failing", action="store_true", help="with --update: only goldens that do not match")
+    gate.add_argument("--golden", choices=GoldenPolicy.choices(), metavar="POLICY",
+                      help="what to do with goldens: check (write none), write-missing (default: a missing golden is "
+                           "written and fails once), force-regen (rewrite the failing ones, then check), regen-all "
+                           "(rewrite every one, then check); a drifted golden left as it is gets <case>.golden.obtained.yaml "
+                           "beside it")
+    gate.add_argument("--update", action="store_true", help="(re)write every golden: --golden regen-all")
+    gate.add_argument("--only-failing", action="store_true",
+                      help="with --update: only goldens that do not match: --golden force-regen")
+    gate.add_argument("--warn-unused", action="store_true",
+                      help="list the goldens in the baseline folder (of this run's environment class) that no case produces")
     gate.add_argument("--repeat", type=int, default=1, help="run each side N times to detect nondeterminism")
-    gate.add_argument("--digests-only", action="store_true", help="with --update: store digests, not tensor values")
+    gate.add_argument("--digests-only", action="store_true", help="goldens written store digests, not tensor values")
     gate.add_argument("--json", type=Path, help="write the full comparisons as JSON")
     gate.add_argument("--html", type=Path, default=DEFAULT_HTML, help="HTML report: a .html file, or a folder (default: reports/)")
     gate.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
@@ -410,15 +420,23 @@ def cmd_run(args, console: Console) -> int:
     return EXIT_OK if all(c.passed for c in comparisons) else EXIT_FAILED
 
 
+def _policy(args) -> GoldenPolicy:
+    """The golden policy of `gate`'s options (harness.golden_policy.from_update), or a usage error."""
+    try:
+        return from_update(args.update, args.only_failing, args.golden)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def _golden_folders(cases, args) -> dict[str, Path]:
-    """Each case's golden folder, decided before any side runs: without --update the folder of its class must
+    """Each case's golden folder, decided before any side runs: with --golden check the folder of its class must
     exist; two cases whose names make one golden file name (which one would overwrite) are refused."""
     folders: dict[str, Path] = {}
     owner: dict[Path, str] = {}  # golden file -> the case it is for
     for case in cases:
         environment_class = class_of(case, args.numerics)
         folder = baseline_dir(args.baseline, environment_class)
-        if not args.update and not folder.is_dir():
+        if args.policy is GoldenPolicy.CHECK and not folder.is_dir():
             raise UsageError(missing_class_message(args.baseline, environment_class, [str(p) for p in args.cases]))
         path = Golden.text_path(folder, case.name)
         if path in owner:
@@ -427,36 +445,44 @@ def _golden_folders(cases, args) -> dict[str, Path]:
     return folders
 
 
-def _golden_problems(cases, folders: dict[str, Path], update: bool, console: Console) -> dict[str, GateResult]:
+def _golden_problems(cases, folders: dict[str, Path], policy: GoldenPolicy, console: Console) -> dict[str, GateResult]:
     """Every golden read before any side runs. A case whose golden cannot be read fails (not run) and is said
-    at once; with --update an unreadable one is rewritten, but a golden of another case is never overwritten."""
+    at once; force-regen and regen-all rewrite an unreadable one, but a golden of another case is never overwritten."""
     problems = {}
     for case in cases:
         error = golden_problem(folders[case.name], case.name)
-        if error is not None and (not update or isinstance(error, GoldenMismatch)):
+        if error is not None and (not policy.rewrites_unreadable or isinstance(error, GoldenMismatch)):
             problems[case.name] = GateResult.of_unreadable(case.name, error)
             print_gate_result(problems[case.name], console)
     return problems
 
 
 def _gate_run(run, folder: Path, args, console: Console, written: list[str]) -> GateResult:
-    """One case's run against its golden (written first with --update; an unreadable one is rewritten)."""
+    """One case's run against its golden under the golden policy (harness.gate.settle); force-regen and regen-all
+    rewrite an unreadable one."""
+    policy: GoldenPolicy = args.policy
     try:
         golden = Golden.read(folder, run.case_name)
     except (DumpError, GoldenMismatch) as error:  # changed since it was read before the run
-        if not args.update or isinstance(error, GoldenMismatch):
+        if not policy.rewrites_unreadable or isinstance(error, GoldenMismatch):
             return GateResult.of_unreadable(run.case_name, error)
         console.print(golden_unreadable_text(run.case_name, error), highlight=False, markup=False)
         golden = None
-    result = check(run, golden)
-    if args.update and (not args.only_failing or result.golden_problems):
-        new = Golden.from_run(run)
-        with _writing(folder, "the golden in"):
-            path = write_golden(new, folder, written, with_arrays=not args.digests_only)
-        console.print(golden_update_text(run.case_name, describe_update(golden, new), path),
-                      highlight=False, markup=False)
-        result = check(run, Golden.read(folder, run.case_name))
+    with _writing(folder, "the golden in"):
+        result = settle(policy, folder, run.case_name, golden, Golden.from_run(run), lambda g: check(run, g), written,
+                        with_arrays=not args.digests_only)
+    if result.update is not None and policy.passes_written:
+        console.print(golden_update_text(run.case_name, result.update, result.written), highlight=False, markup=False)
     return result
+
+
+def _print_unused(names_by_folder: dict[Path, list[str]], console: Console) -> list[Path]:
+    """`--warn-unused`: the goldens in each baseline folder of the run that none of its cases (or steps) has."""
+    unused = [path for folder, names in names_by_folder.items() if folder.is_dir()
+              for path in unused_goldens(folder, names)]
+    for path in unused:
+        console.print(warning_line(unused_golden_text(path)), highlight=False, markup=False, soft_wrap=True)
+    return unused
 
 
 def _unreadable_error(results: Sequence[GateResult]) -> XfalignError | None:
@@ -473,15 +499,14 @@ def cmd_gate(args, console: Console) -> int:
         return cmd_gate_tree(args, console)
     if not args.cases:
         raise UsageError("gate needs case files, or --tree TREE")
-    if args.only_failing and not args.update:
-        raise UsageError("--only-failing goes with --update")
+    args.policy = _policy(args)
     _check_run_options(args)
     cases = _load_all(args.cases, args.max_input_gib)
     _check_reports(args)
-    if args.update:
+    if args.policy is not GoldenPolicy.CHECK:
         _check_output(args.baseline, "--baseline", "dir")
     folders = _golden_folders(cases, args)
-    problems = _golden_problems(cases, folders, args.update, console)
+    problems = _golden_problems(cases, folders, args.policy, console)
     results, comparisons = list(problems.values()), []
     crashed: list[str] = []
     gate_status = {name: "fail" for name in problems}
@@ -495,8 +520,13 @@ def cmd_gate(args, console: Console) -> int:
             results.append(result)
             gate_status[run.case_name] = run.comparison.status if result.passed else "fail"
     finally:
-        if args.update:
+        if args.policy.passes_written or written:
             console.print(goldens_written_text(written, len(cases)), highlight=False, markup=False)
+    if args.warn_unused:
+        names: dict[Path, list[str]] = {}
+        for case in cases:
+            names.setdefault(folders[case.name], []).append(case.name)
+        _print_unused(names, console)
     _print_sweep_summaries(cases, gate_status, console)
     _write_outputs(args, comparisons, console)
     failed = sum(not result.passed for result in results)
@@ -555,13 +585,15 @@ def cmd_compare_trees(args, console: Console) -> int:
 def cmd_gate_tree(args, console: Console) -> int:
     if args.cases:
         raise UsageError("--tree gates a capture tree: give no case files with it")
-    given = [option for option, value in (("--only-failing", args.only_failing), ("--digests-only", args.digests_only),
+    policy = _policy(args)
+    given = [option for option, value in (("--digests-only", args.digests_only),
                                           ("--repeat", args.repeat != 1), ("--numerics", args.numerics),
                                           ("--timeout", args.timeout), ("-j", args.jobs),
                                           ("--no-reference", args.no_reference), ("--max-input-gib", args.max_input_gib))
              if value is not None and value is not False]
     if given:
-        raise UsageError(f"--tree goes with --baseline, --update, --json and --html only, not {given[0]} "
+        raise UsageError(f"--tree goes with --baseline, --golden (or --update [--only-failing]), --warn-unused, --json "
+                         f"and --html only, not {given[0]} "
                          "(a tree's golden holds its digests: nothing runs)")
     _check_output(args.baseline, "--baseline", "dir")
     _check_reports(args)
@@ -570,12 +602,14 @@ def cmd_gate_tree(args, console: Console) -> int:
     results: list[TreeGateResult] = []
     written: list[str] = []  # goldens in place, in step order: said in sum even when interrupted
     try:
-        for result in gate_tree(tree, args.baseline, update=args.update, written=written):
+        for result in gate_tree(tree, args.baseline, policy, written=written):
             print_tree_gate_result(result, console)
             results.append(result)
     finally:
-        if args.update or written:
+        if policy.passes_written or written:
             console.print(tree_goldens_written_text(written, steps), highlight=False, markup=False)
+    if args.warn_unused:
+        _print_unused({args.baseline: steps}, console)
     _write_outputs(args, tree_gate_comparison(tree, args.baseline, results), console, write_tree_json, write_tree_report)
     failed = sum(not result.passed for result in results)
     console.print(gate_summary_text(len(results) - failed, failed, 0), markup=False)

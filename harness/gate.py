@@ -26,11 +26,11 @@ import fcntl
 import hashlib
 import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import yaml
@@ -48,16 +48,15 @@ from harness.digest import Digest, verify
 from harness.dump import Dump, DumpError, IntegrityError, recorded_generator
 from harness.errors import OutputError, XfalignError, describe_value, field_text, safe_name
 from harness.fingerprint import changed_fields
+from harness.golden_policy import GoldenPolicy
 from harness.inputs import GENERATOR
 from harness.reports.html import shortened
 from harness.reports.text import (
     GOLDEN_HEADER,
+    OBTAINED_HEADER,
     TREE_GOLDEN_HEADER,
-    changed_input_text,
-    changed_tensor_text,
     environment_change_text,
     missing_class_text,
-    update_text,
 )
 from harness.runner import CaseRun, critical
 
@@ -209,6 +208,17 @@ class Golden:
     def text_path(directory: Path, case_name: str) -> Path:
         return directory / f"{file_stem(case_name)}.golden.yaml"
 
+    def write_obtained(self, directory: Path) -> Path | None:
+        """What a run produced, beside the golden it drifted from, in the golden's format (digests only):
+        `diff x.golden.yaml x.golden.obtained.yaml` reads as a review diff. Best effort (a read-only baseline
+        in CI): None when it cannot be written."""
+        path = obtained_path(Path(directory), self.case)
+        try:
+            write_atomic(path, replace(self, header=OBTAINED_HEADER).to_yaml(None))
+        except OSError:
+            return None
+        return path
+
     @classmethod
     def paths(cls, directory: Path, case_name: str) -> tuple[Path, Path | None]:
         """The golden's YAML file and the values file it names now (None: none); for a case with no golden,
@@ -236,6 +246,7 @@ class Golden:
                 write_atomic(text_path, self.to_yaml(values))
                 pause("golden-yaml-replaced")
                 _remove_stale(directory, stem, keep=values)
+                obtained_path(directory, self.case).unlink(missing_ok=True)  # the golden says it now
         except (OSError, SafetensorError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else _one_line(error)
             raise OutputError(f"cannot write the golden {text_path}: {reason}") from None
@@ -331,6 +342,20 @@ class Golden:
         raise GoldenError(f"{cls.text_path(directory, case_name)}: replaced while being read, again and again")
 
 
+OBTAINED_SUFFIX = ".golden.obtained.yaml"
+
+
+def obtained_path(directory: Path, case_name: str) -> Path:
+    """Where a run that drifted from the golden of `case_name` leaves what it produced."""
+    return Path(directory) / f"{file_stem(case_name)}{OBTAINED_SUFFIX}"
+
+
+def unused_goldens(directory: Path, names: list[str]) -> list[Path]:
+    """The goldens in `directory` that none of `names` (cases, or tree steps) has: `--warn-unused`."""
+    produced = {Golden.text_path(Path(directory), name).name for name in names}
+    return sorted(path for path in Path(directory).glob("*.golden.yaml") if path.name not in produced)
+
+
 def baseline_dir(root: Path, environment_class: str) -> Path:
     """Goldens of one environment class: `root` itself when it holds goldens, else root/<class>."""
     return root if any(root.glob("*.golden.yaml")) else root / environment_class
@@ -347,6 +372,9 @@ class GateResult:
     case_name: str
     findings: list[Finding] = field(default_factory=list)  # failing ones fail the gate; environment ones explain drift
     unreadable: XfalignError | None = None  # why its golden could not be read (then it was not checked)
+    written: Path | None = None  # the golden written now (missing, or rewritten by the policy)
+    update: GoldenUpdate | None = None  # what writing it changed
+    obtained: Path | None = None  # what the run produced, written beside a golden it drifted from
 
     @classmethod
     def of_unreadable(cls, case_name: str, error: XfalignError):
@@ -453,15 +481,53 @@ def golden_problem(directory: Path, case_name: str) -> XfalignError | None:
     return None
 
 
-def describe_update(old: Golden | None, new: Golden) -> str:
-    """What an update changed, for the terminal."""
+@dataclass
+class GoldenUpdate:
+    """What writing a golden changed (harness.reports.text.update_text says it)."""
+    created: bool  # there was none (or none readable)
+    tensors: list[str] = field(default_factory=list)  # side/tensor whose digest changed
+    inputs: list[str] = field(default_factory=list)  # inputs whose digest changed
+    environment: list[Finding] = field(default_factory=list)  # fingerprint fields that changed
+
+
+def describe_update(old: Golden | None, new: Golden) -> GoldenUpdate:
+    """What an update changed."""
     if old is None:
-        return update_text(True, [])
-    changed = [changed_tensor_text(side, name) for side, tensors in new.tensors.items()
-               for name, digest in tensors.items() if old.tensors.get(side, {}).get(name) != digest]
-    changed += [changed_input_text(name) for name, digest in new.inputs.items() if old.inputs.get(name) != digest]
-    changed += [environment_change_text(f) for f in _environment_findings(old, new)]
-    return update_text(False, changed)
+        return GoldenUpdate(True)
+    return GoldenUpdate(
+        False,
+        [f"{side}/{name}" for side, tensors in new.tensors.items()
+         for name, digest in tensors.items() if old.tensors.get(side, {}).get(name) != digest],
+        [name for name, digest in new.inputs.items() if old.inputs.get(name) != digest],
+        _environment_findings(old, new))
+
+
+R = TypeVar("R", bound=GateResult)
+
+
+def settle(policy: GoldenPolicy, folder: Path, name: str, golden: Golden | None, current: Golden,
+           judge: Callable[[Golden | None], R], written: list[str], with_arrays: bool = True) -> R:
+    """A case (or tree step) against its golden under `policy`: `judge` checks the run against a golden (None:
+    there is none); `current` is the golden the run makes. The one rule of the CLI, trees and pytest: a golden is
+    written when the policy says so (GoldenPolicy.writes); a missing one written by write-missing fails once,
+    saying so; one rewritten by force-regen or regen-all is checked again. A drift left in place leaves
+    `<stem>.golden.obtained.yaml` beside the golden; a pass (or a rewrite) removes it."""
+    result = judge(golden)
+    if policy.writes(golden is None, result.golden_problems):
+        path = write_golden(current, folder, written, with_arrays)
+        update = describe_update(golden, current)
+        if policy.passes_written:
+            result = judge(Golden.read(folder, name) or current)
+        else:  # a missing golden, written: it fails once, saying where it was written
+            result.findings = [replace(f, data={**f.data, "written": str(path)}) if f.kind == "no-golden" else f
+                               for f in result.findings]
+        result.written, result.update = path, update
+    elif result.drifted:
+        result.obtained = current.write_obtained(folder)
+    elif golden is not None:
+        with suppress(OSError):  # best effort, as writing it
+            obtained_path(folder, name).unlink(missing_ok=True)
+    return result
 
 
 # -- capture trees -------------------------------------------------------------------------------------
@@ -476,8 +542,6 @@ GOLDEN_SIDE = "golden"  # side A's name in a tree gate's reports
 
 @dataclass
 class TreeGateResult(GateResult):
-    written: Path | None = None  # the golden written now (missing, or rewritten by update)
-    update: str | None = None  # what an update changed (describe_update)
     step: StepComparison | None = None  # the step against its golden, for the reports (None: no golden read)
 
     @property
@@ -531,33 +595,35 @@ def _steps(tree: Tree) -> list[_Step]:
             for prefix, unit in units for step in unit.steps]
 
 
-def gate_tree(tree: Tree, baseline: str | Path, update: bool = False,
+def gate_tree(tree: Tree, baseline: str | Path, policy: GoldenPolicy | bool = GoldenPolicy.WRITE_MISSING,
               written: list[str] | None = None) -> Iterator[TreeGateResult]:
-    """Every step of the capture tree (every rank's) against its golden in `baseline`, each as it is done. Each
-    golden written is added to `written` as it is written: an interrupted update knows which it wrote. A golden
-    that cannot be read fails its step (`update` rewrites it); the other steps go on."""
+    """Every step of the capture tree (every rank's) against its golden in `baseline`, each as it is done, under
+    `policy` (settle; True: regen-all, as `update=True` was). Each golden written is added to `written` as it is
+    written: an interrupted update knows which it wrote. A golden that cannot be read fails its step (force-regen
+    and regen-all rewrite it); the other steps go on."""
+    if isinstance(policy, bool):
+        policy = GoldenPolicy.REGEN_ALL if policy else GoldenPolicy.WRITE_MISSING
     baseline, written = Path(baseline), [] if written is None else written
     for unit in _steps(tree):
         dump = unit.tree.step(unit.step)
         try:
             golden = Golden.read(baseline, unit.name)
         except (DumpError, GoldenMismatch) as error:
-            if not update or isinstance(error, GoldenMismatch):  # another step's golden is never overwritten
+            if not policy.rewrites_unreadable or isinstance(error, GoldenMismatch):  # another's: never overwritten
                 yield TreeGateResult.of_unreadable(unit.name, error)
                 continue
             golden = None  # unreadable: rewritten
-        if golden is not None and not update:
-            result = check_step(unit.name, dump, golden)
-        else:
-            new = _step_golden(unit.name, dump)
-            path = write_golden(new, baseline, written, with_arrays=False)
-            if update:
-                result = check_step(unit.name, dump, Golden.read(baseline, unit.name) or new)
-                result.update = describe_update(golden, new)
-            else:
-                result = TreeGateResult(unit.name, [Finding("no-golden", "", False, {"written": str(path)})])
-            result.written, golden = path, new
-        result.step = compare_steps(unit.label, _golden_dump(golden, dump), dump)
+
+        def judge(against: Golden | None, unit: _Step = unit, dump: Dump = dump) -> TreeGateResult:
+            if against is None:
+                return TreeGateResult(unit.name, [Finding("no-golden", "", False)])
+            return check_step(unit.name, dump, against)
+
+        new = _step_golden(unit.name, dump)
+        result = settle(policy, baseline, unit.name, golden, new, judge, written, with_arrays=False)
+        shown = new if result.written is not None else golden
+        if shown is not None:
+            result.step = compare_steps(unit.label, _golden_dump(shown, dump), dump)
         yield result
 
 

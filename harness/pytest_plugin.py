@@ -1,9 +1,12 @@
 """pytest plugin: `pytest cases/` collects each YAML case as a test item.
 
 A failing item shows the per-tensor table and every problem; with `--xfalign-baseline DIR` the goldens
-are checked too. As in pytest-regressions, a missing golden is written and its item fails (run again to
-check against it), and `--xfalign-update` rewrites every golden that does not match, failing the items whose
-golden changed (`xfalign gate CASES --baseline DIR --update` does the same from the command line).
+are checked too, under the golden policy of `xfalign gate` (harness.golden_policy), chosen with
+`--xfalign-golden POLICY`: `write-missing` (the default, as pytest-regressions: a missing golden is written and
+its item fails once), `check` (write none), `force-regen` (rewrite the failing goldens, then check: the item
+passes unless an expectation fails), `regen-all` (rewrite all). `--xfalign-update` is `force-regen`. A golden
+that drifted and was left as it is gets `<case>.golden.obtained.yaml` beside it, removed when it passes again.
+`--xfalign-warn-unused` lists, at the end, the goldens in the baseline folders used that no item produced.
 
 What is collected: YAML case files named on the command line, or found in a folder named there (or in
 the invocation folder when pytest is given no paths and has no `testpaths`), and those the ini option
@@ -23,11 +26,14 @@ from pathlib import Path
 import pytest
 
 CASE_KEYS = {"op", "sides", "inputs"}
-GOLDEN_SUFFIXES = (".golden.yaml", ".golden.yml")
+GOLDEN_SUFFIXES = (".golden.yaml", ".golden.yml", ".golden.obtained.yaml")  # goldens, and what drifted from them
 _TOP_LEVEL_KEY = re.compile(r"^(op|sides|inputs)\s*:", re.MULTILINE)
 _SNIFF_BYTES = 1 << 20
 _CONFIGURED = pytest.StashKey[set]()
 _POOL = pytest.StashKey[object]()
+_PRODUCED = pytest.StashKey[dict]()  # baseline folder -> the case names whose goldens are there (--xfalign-warn-unused)
+POLICIES = ("check", "write-missing", "force-regen", "regen-all")  # harness.golden_policy.GoldenPolicy (not imported:
+# the plugin imports no harness module until a case is collected)
 
 
 class CaseFailed(Exception):
@@ -38,8 +44,14 @@ def pytest_addoption(parser):
     group = parser.getgroup("xfalign")
     group.addoption("--xfalign-baseline", type=Path, help="check goldens in this folder (DIR/<environment class>/) too")
     group.addoption("--xfalign-numerics", help="numerics profile for every case (default: the case's, else portable-avx2)")
+    group.addoption("--xfalign-golden", choices=POLICIES, metavar="POLICY",
+                    help="with --xfalign-baseline: check (write no golden), write-missing (default: a missing golden "
+                         "is written and its item fails once), force-regen (rewrite the failing goldens, then check), "
+                         "regen-all (rewrite every golden, then check)")
     group.addoption("--xfalign-update", action="store_true",
-                    help="with --xfalign-baseline: rewrite goldens that do not match (their items fail once)")
+                    help="with --xfalign-baseline: rewrite goldens that do not match: --xfalign-golden force-regen")
+    group.addoption("--xfalign-warn-unused", action="store_true",
+                    help="with --xfalign-baseline: list the goldens in the baseline folders that no item produced")
     group.addoption("--xfalign-repeat", type=int, default=1, help="run each side N times (nondeterminism)")
     parser.addini("xfalign_cases", type="linelist", default=[],
                   help="YAML case files, folders or globs (relative to the rootdir) that pytest collects even when "
@@ -60,11 +72,43 @@ def _configured(config) -> set[Path]:
 
 def pytest_configure(config):
     """A plain `pytest` (collecting `testpaths`) also collects the paths xfalign_cases names."""
-    if config.getoption("xfalign_update") and config.getoption("xfalign_baseline") is None:
-        raise pytest.UsageError("--xfalign-update needs --xfalign-baseline DIR (the goldens to rewrite)")
+    if config.getoption("xfalign_baseline") is None:
+        for option in ("update", "golden", "warn_unused"):
+            if config.getoption(f"xfalign_{option}"):
+                name = f"--xfalign-{option.replace('_', '-')}"
+                raise pytest.UsageError(f"{name} needs --xfalign-baseline DIR (the goldens to {_WHAT[option]})")
+    policy = config.getoption("xfalign_golden")
+    if config.getoption("xfalign_update") and policy not in (None, "force-regen"):
+        raise pytest.UsageError(f"--xfalign-update is --xfalign-golden force-regen, not --xfalign-golden {policy}: "
+                                "give one of them")
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
         roots = [(config.rootpath / arg.split("::")[0]).resolve() for arg in config.args]
         config.args.extend(str(p) for p in sorted(_configured(config)) if p.exists() and not _under(p, roots))
+
+
+_WHAT = {"update": "rewrite", "golden": "check or write", "warn_unused": "look through"}
+
+
+def _policy(config):
+    """The golden policy of this session's options."""
+    from harness.golden_policy import DEFAULT, GoldenPolicy
+
+    if config.getoption("xfalign_update"):
+        return GoldenPolicy.FORCE_REGEN
+    chosen = config.getoption("xfalign_golden")
+    return GoldenPolicy(chosen) if chosen is not None else DEFAULT
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """--xfalign-warn-unused: the goldens in the baseline folders used that no item of the session produced."""
+    if not config.getoption("xfalign_warn_unused") or _PRODUCED not in config.stash:
+        return
+    from harness.gate import unused_goldens
+    from harness.reports.text import unused_golden_text, warning_line
+
+    for folder, names in config.stash[_PRODUCED].items():
+        for path in unused_goldens(folder, names):
+            terminalreporter.write_line(warning_line(unused_golden_text(path)))
 
 
 def _command_line(config) -> list[Path]:
@@ -168,8 +212,9 @@ class CaseItem(pytest.Item):
         from rich.console import Console
 
         from harness.case import CaseError
+        from harness.dump import DumpError
         from harness.errors import SideCrashed
-        from harness.gate import Golden, baseline_dir, check, describe_update
+        from harness.gate import Golden, GoldenMismatch, baseline_dir, check, settle
         from harness.reports.terminal import print_comparison, print_gate_result
         from harness.reports.text import golden_written_text, status_label, verdict_text
         from harness.runner import run_case
@@ -184,22 +229,29 @@ class CaseItem(pytest.Item):
             raise CaseFailed(f"side crashed: {error}") from None
         except CaseError as error:  # e.g. inputs over the size limit
             raise CaseFailed(str(error)) from None
-        if run.comparison.status == "n/a":  # a side cannot run here: nothing to check, nothing failed
-            pytest.skip(f"{status_label('n/a')} {verdict_text(run.comparison)}")
+        comparison = run.comparison
+        assert comparison is not None  # both sides ran (run_case runs every side of the case)
+        if comparison.status == "n/a":  # a side cannot run here: nothing to check, nothing failed
+            pytest.skip(f"{status_label('n/a')} {verdict_text(comparison)}")
         buffer = io.StringIO()
         console = Console(file=buffer, width=160, color_system=None)
-        print_comparison(run.comparison, console)
+        print_comparison(comparison, console)
         baseline = config.getoption("xfalign_baseline")
-        passed = run.comparison.passed
+        passed = comparison.passed
         if baseline is not None:
+            policy = _policy(config)
             folder = baseline_dir(baseline, run.environment_class)
-            golden = Golden.read(folder, run.case_name)
-            result = check(run, golden)
-            if golden is None or (config.getoption("xfalign_update") and result.golden_problems):
-                new = Golden.from_run(run)
-                new.write(folder)
-                console.print(golden_written_text(run.case_name, describe_update(golden, new), folder), markup=False)
-                raise CaseFailed(buffer.getvalue())  # as pytest-regressions: a written golden fails once
+            config.stash.setdefault(_PRODUCED, {}).setdefault(folder, []).append(run.case_name)
+            try:
+                golden = Golden.read(folder, run.case_name)
+            except (DumpError, GoldenMismatch) as error:
+                if not policy.rewrites_unreadable or isinstance(error, GoldenMismatch):
+                    raise CaseFailed(str(error)) from None
+                golden = None  # unreadable: rewritten
+            result = settle(policy, folder, run.case_name, golden, Golden.from_run(run), lambda g: check(run, g), [])
+            if result.update is not None:  # written now: a missing one fails once, as in pytest-regressions
+                console.print(golden_written_text(run.case_name, result.update, folder, not policy.passes_written),
+                              markup=False)
             print_gate_result(result, console)
             passed = result.passed
         if not passed:

@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 import pytest
+import yaml
 
 from harness.case import load_case
 from harness.cli import main
@@ -130,7 +131,7 @@ def test_golden_of_another_input_generator_is_one_finding_not_drift(recorded, tm
 def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsys):
     path = write_case(REPORT_ONLY, "small.yaml")
     root = tmp_path / "baseline"
-    assert main(["gate", str(path), "--baseline", str(root)]) == 2  # no goldens for this class yet
+    assert main(["gate", str(path), "--baseline", str(root), "--golden", "check"]) == 2  # no goldens for this class
     assert f"this run's environment class is cpu-avx2; {root} has no goldens for it" in capsys.readouterr().err
     assert main(["gate", str(path), "--baseline", str(root), "--update"]) == 0
     assert "golden small: created" in capsys.readouterr().out
@@ -148,11 +149,35 @@ def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsy
     out = capsys.readouterr().out
     assert "[drift] paddle/grad.x: drifted from the golden: 1 of 32,768 elements differ, max 1 ULP" in out
     assert "environment fingerprint unchanged since the golden" in out
-    assert main(["gate", str(path), "--baseline", str(root), "--update", "--only-failing"]) == 0
+    obtained = baseline / "small.golden.obtained.yaml"  # what the run produced, beside the golden, to diff
+    assert "golden small: drifted; this run's digests are in" in " ".join(out.split()) and obtained.is_file()
+    assert yaml.safe_load(obtained.read_text())["sides"]["paddle"]["tensors"]["grad.x"] != \
+        yaml.safe_load((baseline / "small.golden.yaml").read_text())["sides"]["paddle"]["tensors"]["grad.x"]
+    assert main(["gate", str(path), "--baseline", str(root), "--update", "--only-failing"]) == 0  # force-regen
     assert "golden small: updated: paddle/grad.x" in capsys.readouterr().out
+    assert not obtained.exists()  # the golden was rewritten
     assert {p.name: p.read_bytes() for p in baseline.iterdir()} == first  # same bits as the first update
     assert main(["gate", str(path), "--baseline", str(root), "--update", "--only-failing"]) == 0
     assert "golden small" not in capsys.readouterr().out  # nothing failing, nothing rewritten
+
+
+def test_cli_missing_golden_is_written_and_fails_once_check_writes_none_and_unused_are_listed(write_case, tmp_path,
+                                                                                                capsys):
+    """The rule of every path (harness.golden_policy): a missing golden is written and fails once; `--golden check`
+    writes none; `--warn-unused` lists a golden of this class that no case of the run produces."""
+    path = write_case(REPORT_ONLY, "small.yaml")
+    folder = tmp_path / "baseline" / "cpu-avx2"
+    folder.mkdir(parents=True)
+    gate = ["gate", str(path), "--baseline", str(tmp_path / "baseline")]
+    assert main([*gate, "--golden", "check"]) == 1 and list(folder.iterdir()) == []
+    assert "no golden yet, and the check policy writes none" in " ".join(capsys.readouterr().out.split())
+    assert main(gate) == 1  # write-missing, the default
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"no golden yet: wrote {folder}/small.golden.yaml; this fails once" in out
+    stale = folder / "gone.golden.yaml"
+    stale.write_text("# a golden of a case no longer run\n")
+    assert main([*gate, "--warn-unused"]) == 0
+    assert f"xfalign: warning: unused golden: {stale}: no case of this run produces it" in capsys.readouterr().out
 
 
 def test_nondeterminism_is_reported_per_side_not_blamed_on_the_other(write_case, tmp_path, capsys):

@@ -37,6 +37,7 @@ from harness.reports.text import (
     more_lines_text,
     nondeterministic_text,
     note_text,
+    obtained_text,
     phase_text,
     reference_text,
     side_dumped_text,
@@ -153,6 +154,8 @@ def _print_cause(result: GateResult, console: Console) -> None:
         _plain(console, f"  {environment_changed_text(result.environment_changes)}")
     elif result.drifted:
         _plain(console, f"  {CODE_CHANGED}")
+    if result.obtained is not None:
+        _plain(console, f"  {obtained_text(result.case_name, result.obtained)}")
 
 
 _TREE_JUSTIFY: tuple[JustifyMethod, ...] = ("left", "right", "left", "left", "left", "left", "left", "left", "center",
@@ -200,7 +203,8 @@ def print_tree_comparison(tree: TreeComparison, console: Console) -> None:
 
 def print_tree_gate_result(result: TreeGateResult, console: Console) -> None:
     """One capture step against its golden: written or updated, passing, or what drifted (the first named)."""
-    if result.update is not None:
+    created = any(finding.kind == "no-golden" for finding in result.failures)  # the failure says it was written
+    if result.update is not None and not created:
         _plain(console, golden_update_text(result.case_name, result.update, result.written))
     if result.passed:
         console.print(f"[{STATUS_STYLES['pass']}]{GATE_LABELS[True]}[/] {escape(tree_gate_pass_text(result.case_name))}")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from harness.capture.replay_exact import ExactOutput, ExactReplay
     from harness.compare.case import CaseComparison, SideInfo, TensorResult
     from harness.compare.pairs import Pair
+    from harness.gate import GoldenUpdate
 
 STATUS_LABELS = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A"}
 GATE_LABELS = {True: "GATE PASS", False: "GATE FAIL"}  # by whether the gate passed
@@ -26,6 +27,8 @@ TABLE_COLUMNS = ("tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "diffe
 HEATMAP_AXES = ("leading dims flattened", "last dim")  # where the op does not name its last two axes
 GOLDEN_HEADER = "# xfalign golden. Update: xfalign gate CASE --baseline DIR --update\n"
 TREE_GOLDEN_HEADER = "# xfalign golden of a capture step. Update: xfalign gate --tree TREE --baseline DIR --update\n"
+OBTAINED_HEADER = ("# xfalign obtained: what the last run produced, where it drifted from the golden beside it (not a "
+                   "golden; removed when the golden passes or is rewritten). Accept it: --golden force-regen\n")
 
 
 def status_label(status: str) -> str:
@@ -256,7 +259,7 @@ def _no_golden(d: dict) -> str:
         return f"golden unreadable: {d['unreadable']}; repair it, or rewrite it with --update"
     if d.get("written"):
         return f"no golden yet: wrote {d['written']}; this fails once: run the gate again to check against it"
-    return "no golden yet: run with --update to record one"
+    return "no golden yet, and the check policy writes none: run without it to write one"
 
 
 _HASH_NAMES = {"md5": "MD5 only", "fast64": "the fast hash only (fast64)", "md5+fast64": "MD5 and the fast hash"}
@@ -523,19 +526,23 @@ INPUTS_CHANGED = ("the inputs differ from the golden's: the golden belongs to an
                   "with --update")
 
 
-def update_text(created: bool, changed: list[str]) -> str:
-    """What a golden update did."""
-    if created:
+def update_text(update: GoldenUpdate) -> str:
+    """What a golden update did: `created`, `updated: paddle/out, input x, ...`, `unchanged`."""
+    if update.created:
         return "created"
+    changed = [*update.tensors, *(f"input {name}" for name in update.inputs),
+               *(environment_change_text(finding) for finding in update.environment)]
     return "updated: " + ", ".join(changed) if changed else "unchanged"
 
 
-def changed_tensor_text(side: str, name: str) -> str:
-    return f"{side}/{name}"
+def obtained_text(case_name: str, path) -> str:
+    """A golden drifted and was left as it is: what the run produced is beside it, to diff."""
+    return f"golden {case_name}: drifted; this run's digests are in {path} (diff it with the golden)"
 
 
-def changed_input_text(name: str) -> str:
-    return f"input {name}"
+def unused_golden_text(path) -> str:
+    """`--warn-unused`: a golden in the baseline folder that no case (or step) of this run produced."""
+    return f"unused golden: {path}: no case of this run produces it"
 
 
 def missing_class_text(root, environment_class: str, present: list[str], case_files: list[str]) -> str:
@@ -545,9 +552,10 @@ def missing_class_text(root, environment_class: str, present: list[str], case_fi
             f"Create them with: xfalign gate {' '.join(case_files)} --baseline {root} --update")
 
 
-def golden_written_text(case_name: str, what: str, folder) -> str:
-    """The pytest plugin wrote a golden (missing, or rewritten by --xfalign-update): the item fails once."""
-    return f"golden {case_name}: {what} in {folder}; this test fails once: run it again to check against it"
+def golden_written_text(case_name: str, update: GoldenUpdate, folder, fails: bool) -> str:
+    """The pytest plugin wrote a golden: missing (the item fails once), or rewritten by force-regen/regen-all."""
+    tail = "; this test fails once: run it again to check against it" if fails else ""
+    return f"golden {case_name}: {update_text(update)} in {folder}{tail}"
 
 
 def progress_line(done: int, total: int, case_name: str, elapsed_s: float) -> str:
@@ -583,8 +591,8 @@ def golden_unreadable_text(case_name: str, error) -> str:
     return f"golden {case_name}: unreadable, rewriting it ({error})"
 
 
-def golden_update_text(case_name: str, what: str, path) -> str:
-    return f"golden {case_name}: {what} (wrote {path})"
+def golden_update_text(case_name: str, update: GoldenUpdate, path) -> str:
+    return f"golden {case_name}: {update_text(update)} (wrote {path})"
 
 
 def goldens_written_text(written: list[str], total: int) -> str:
