@@ -37,6 +37,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -264,6 +265,7 @@ class Capture:
         self._claimed: Path | None = None  # the folder, in _WRITING while this capture writes it
         self._locks: list[int] = []  # flocked descriptors: the folder's, and the staging folder's
         self._staging: Path | None = None  # where steps go until the first is complete, over an earlier tree
+        self._warned_skipped = False  # tensors left out are warned about once per capture (each step's meta lists them)
 
     # -- setup ------------------------------------------------------------------------------------------
 
@@ -630,7 +632,12 @@ class Capture:
                 "provenance": self.provenance, "environment": self.environment, "inputs": {},
                 "capture": info.model_dump(mode="json")}
         if step.skipped:
-            meta["notes"] = {"capture": f"not recorded (a dtype or layout xfalign dumps do not hold): {', '.join(step.skipped)}"}
+            note = f"not recorded (a dtype or layout xfalign dumps do not hold): {', '.join(step.skipped)}"
+            meta["notes"] = {"capture": note}
+            if not self._warned_skipped:
+                self._warned_skipped = True
+                warnings.warn(f"xfalign capture {self.folder}, step {index}: {note} (listed in each step's notes.capture)",
+                              stacklevel=2)
         return meta
 
     def _provenance(self) -> str:
