@@ -273,9 +273,9 @@ class Golden:
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
             problem = getattr(error, "problem", None) or _one_line(error)
-            raise GoldenError(f"{text_path}: not a readable golden (not YAML{where}: {problem})") from None
+            raise GoldenError(f"{text_path}: not a readable golden (not YAML"
+                              f"{f' at line {mark.line + 1}' if mark else ''}: {problem})") from None
         try:
             version = _field(data, ("format",), str)
             sides = _field(data, ("sides",), dict)

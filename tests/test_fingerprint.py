@@ -110,8 +110,11 @@ def test_gate_without_goldens_for_this_class_says_which_class_and_how(write_case
     path = write_case(SMALL_REPORT)
     root = tmp_path / "baselines"
     (root / "cpu-native-amx").mkdir(parents=True)
-    assert main(["gate", str(path), "--baseline", str(root)]) == 2
+    assert main(["gate", str(path), "--baseline", str(root), "--golden", "check"]) == 2  # as CI runs it
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "environment class is cpu-avx2" in err and "classes there: cpu-native-amx" in err
     assert f"xfalign gate {path} --baseline {root} --update" in err
+    assert not (root / "cpu-avx2").exists()  # check writes nothing
+    assert main(["gate", str(path), "--baseline", str(root)]) == 1  # the default policy writes them, and fails once
+    assert (root / "cpu-avx2").is_dir()
