@@ -14,8 +14,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, ValidationError, field_validator
 
-from harness.case import NAME_RULE, Strict, is_safe_name, line_and_field, read_yaml
+from harness.case import line_and_field, read_yaml
 from harness.errors import XfalignError, describe_value, validation_problem
+from harness.schema import NAME_RULE, Strict, is_safe_name
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "portable-avx2"

@@ -158,7 +158,7 @@ class PaddleAdapter(FrameworkAdapter):
         return tensor.inplace_version
 
     def device_digest(self, tensor) -> None:
-        # The fast digest of a Paddle tensor is the numpy one of its host copy (harness.capture.fast_hash,
+        # The fast digest of a Paddle tensor is the numpy one of its host copy (harness.store.fast_hash,
         # on the capture's thread pool): this project's Paddle builds are CPU only, where the copy is a
         # memcpy; a Paddle-ops version for a GPU build is not written yet (it would copy to the host).
         return None

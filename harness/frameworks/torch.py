@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from harness.capture import fast_hash
-from harness.capture.fast_hash import SLOTS, PendingDigest, settled_digest
 from harness.dtypes import dtype_name
 from harness.fingerprint import cuda_library, nvidia_smi, version_of
 from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
+from harness.store import fast_hash
+from harness.store.fast_hash import SLOTS, PendingDigest, settled_digest
 
 INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 
@@ -355,7 +355,7 @@ def _table(device, name: str, count: int):
 
 
 def block_sum(tensor):
-    """S of harness.capture.fast_hash, computed where the tensor lives: a 0-dim int64 tensor (the uint64's
+    """S of harness.store.fast_hash, computed where the tensor lives: a 0-dim int64 tensor (the uint64's
     bits) on its device; torch's int64 arithmetic wraps mod 2**64, as the definition asks. Few kernels:
     on a GPU each launch costs more than the work of a small tensor."""
     import torch

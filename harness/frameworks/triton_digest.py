@@ -1,4 +1,4 @@
-"""The fast digest of a CUDA tensor (harness.capture.fast_hash: S, the fast64 block sum, and the SLOTS
+"""The fast digest of a CUDA tensor (harness.store.fast_hash: S, the fast64 block sum, and the SLOTS
 statistics) by one Triton kernel, `digest` (harness.frameworks.triton_kernels), that reads the tensor once,
 instead of the ~15 torch ops of harness.frameworks.torch `block_sum` / `device_digest`, which make full-size
 float64 and int64 temporaries.
@@ -53,7 +53,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from harness.capture import fast_hash
+from harness.store import fast_hash
 
 # A tile is ROWS blocks x LANES units (LANES = 16 bytes per thread x 32 x WARPS units: 512 int32 words for 4
 # warps), one column of ROWS blocks, so that each thread loads ROWS x 16 bytes per tile (vectorised: no masks
