@@ -20,7 +20,7 @@ from harness.compare.pairs import DigestPair, originate
 from harness.compare.tree import StepComparison, TreeComparison, TreeSide, compare_steps
 from harness.errors import XfalignError
 from harness.fingerprint import changed_fields
-from harness.golden_policy import GoldenPolicy
+from harness.golden_policy import GoldenPolicy, GoldenUpdate
 from harness.reports.text import environment_change_text, missing_class_text
 from harness.runner import CaseRun, critical
 from harness.store.digest import Digest
@@ -148,15 +148,6 @@ def golden_problem(directory: Path, case_name: str) -> XfalignError | None:
     except (DumpError, GoldenMismatch) as error:
         return error
     return None
-
-
-@dataclass
-class GoldenUpdate:
-    """What writing a golden changed (harness.reports.text.update_text says it)."""
-    created: bool  # there was none (or none readable)
-    tensors: list[str] = field(default_factory=list)  # side/tensor whose digest changed
-    inputs: list[str] = field(default_factory=list)  # inputs whose digest changed
-    environment: list[Finding] = field(default_factory=list)  # fingerprint fields that changed
 
 
 def describe_update(old: Golden | None, new: Golden) -> GoldenUpdate:

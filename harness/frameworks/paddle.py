@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from harness.fingerprint import nvidia_smi
 from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
+from harness.machine import nvidia_smi
 
 # Paddle switches a case may flip (deterministic kernels, oneDNN): saved before each case in a long-lived
 # worker and put back after; a build that does not have one (CPU builds lack the cuDNN ones) skips it.

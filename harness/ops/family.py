@@ -20,7 +20,7 @@ from harness.case import Case
 from harness.compare.expectations import sides_named
 from harness.dtypes import FLOAT_DTYPES
 from harness.errors import validation_problem
-from harness.fingerprint import version_of
+from harness.machine import version_of
 from harness.schema import FieldProblem
 
 P = ParamSpec("P")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from harness.compare.pairs import Pair
     from harness.compare.replay import ExactOutput, ExactReplay
     from harness.compare.tree import Divergence, RecordView, StepComparison, TreeComparison, TreeSide
-    from harness.gate import GoldenUpdate
+    from harness.golden_policy import GoldenUpdate
 
 STATUS_LABELS = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A"}
 GATE_LABELS = {True: "GATE PASS", False: "GATE FAIL"}  # by whether the gate passed
