@@ -16,8 +16,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictInt,
     ValidationError,
@@ -35,20 +33,12 @@ from harness.compare.expectations import (
 )
 from harness.dtypes import INTEGER_DTYPES, NUMPY_DTYPES
 from harness.errors import XfalignError, describe_value, validation_problem
+from harness.schema import MAX_NAME_CHARS, NAME_RULE, FieldProblem, Strict, is_safe_name
 
 USER_IMPL = re.compile(r"^[\w./-]+(\.py)?:[A-Za-z_]\w*$")
-# Case and side names become file and folder names (dumps, reports, goldens): no paths, no surprises.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-MAX_NAME_CHARS = 128
-NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit, no '..'"
 # A sweep point's name: a safe name, then [label=value,...] (no path separators, no control characters).
 POINT_NAME = re.compile(r"^(?P<base>[A-Za-z0-9][A-Za-z0-9_.-]*)(\[[^\x00-\x1f\x7f/\\]*\])?$")
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
-
-
-def is_safe_name(name: Any) -> bool:
-    return (isinstance(name, str) and len(name) <= MAX_NAME_CHARS and SAFE_NAME.match(name) is not None
-            and ".." not in name)
 
 
 class CaseError(XfalignError):
@@ -62,20 +52,8 @@ class CaseError(XfalignError):
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class FieldProblem(Exception):
-    """Raised by op families during validation; `path` names the field in the case."""
-
-    def __init__(self, path: tuple, message: str):
-        super().__init__(message)
-        self.path = path
-        self.message = message
-
-
 REFERENCE_SIDE = "exact"  # the side name (and dump folder) of a case's float64 reference
 
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class InputSpec(Strict):

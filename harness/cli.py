@@ -27,28 +27,20 @@ from rich.text import Text
 from safetensors import SafetensorError
 
 from harness import __version__
-from harness.atomic import write_text_atomic
-from harness.capture.compare import compare_trees
-from harness.capture.tree import is_tree, read_tree
 from harness.case import REFERENCE_SIDE, load_cases, reseeded
 from harness.compare.case import compare_dumps
-from harness.dump import Dump, DumpError, check_dump_target
+from harness.compare.tree import compare_trees
 from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
 from harness.gate import (
     GateResult,
-    Golden,
-    GoldenMismatch,
     TreeGateResult,
-    baseline_dir,
     check,
-    file_stem,
     gate_tree,
     golden_problem,
     missing_class_message,
     settle,
     tree_gate_comparison,
     tree_gate_steps,
-    unused_goldens,
 )
 from harness.golden_policy import GoldenPolicy, from_update
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, RUN_FLOAT64_COPIES, check_input_size
@@ -85,6 +77,10 @@ from harness.reports.text import (
     written_text,
 )
 from harness.runner import DEFAULT_SIDE_TIMEOUT_S, WorkerPool, class_of, current_pool, interrupt_handler, run_cases
+from harness.store.atomic import write_text_atomic
+from harness.store.dump import Dump, DumpError, check_dump_target
+from harness.store.golden import Golden, GoldenMismatch, baseline_dir, file_stem, unused_goldens
+from harness.store.tree import is_tree, read_tree
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
 DEFAULT_HTML = Path("reports")
@@ -261,7 +257,7 @@ def _check_reports(args) -> None:
 
 
 def _check_dumps(plan: dict[str, dict[str, Path] | None]) -> None:
-    """Each dump folder is swapped in for what is there (harness.dump.check_dump_target says what may
+    """Each dump folder is swapped in for what is there (harness.store.dump.check_dump_target says what may
     be replaced: nothing xfalign did not write, no other side's dump); checked before any side runs."""
     for folders in plan.values():
         for side, folder in (folders or {}).items():

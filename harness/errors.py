@@ -6,6 +6,7 @@ is reported by the CLI as one line, `xfalign: error: <message>`, and exits with 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal
 
@@ -58,6 +59,14 @@ def safe_name(name: str) -> str:
     commas, '=', '/', spaces) with '_'; never empty, '.' or '..'."""
     safe = _UNSAFE.sub("_", name)
     return safe if safe.strip(".") else safe.replace(".", "_") or "_"
+
+
+def shortened(stem: str, name: str, max_chars: int) -> str:
+    """`stem` (a file name stem made of `name`) when it has at most `max_chars` characters; else its start
+    and 12 hex digits of `name`'s SHA-256, so that two long names that begin alike stay two names."""
+    if len(stem) <= max_chars:
+        return stem
+    return f"{stem[:max_chars - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
 
 
 def validation_problem(error) -> tuple[tuple, str]:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.case import Case, SideSpec, user_function_file
-from harness.digest import Digest
 from harness.frameworks import FrameworkAdapter
 from harness.ops import Impl, family_for, framework_impls
+from harness.store.digest import Digest
 
 
 class UserFunctionError(TypeError):

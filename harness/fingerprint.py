@@ -8,12 +8,11 @@ and golden: the fields here, which need no framework, and the framework adapter'
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import os
 import platform
-import subprocess
 from pathlib import Path
+
+from harness.machine import cpu_isa, version_of
 
 # Environment variables that change numerics or kernel choice.
 NUMERIC_ENV = ("TORCHDYNAMO_DISABLE", "TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "ATEN_CPU_CAPABILITY",
@@ -22,17 +21,7 @@ NUMERIC_ENV = ("TORCHDYNAMO_DISABLE", "TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "
 LIBRARIES = ("numpy", "ml_dtypes", "safetensors", "xxhash")
 
 
-@functools.cache  # read from the installed metadata once per process: it takes milliseconds each time
-def version_of(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _cpu() -> dict:
-    from harness.numerics import cpu_isa
-
     model = None
     try:
         model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -55,27 +44,6 @@ def common(profile_name: str) -> dict:
         **{f"env.{name}": os.environ[name] for name in NUMERIC_ENV if name in os.environ},
         **{f"env.{name}": value for name, value in sorted(os.environ.items()) if name.startswith("FLAGS_")},
     }
-
-
-# -- shared by the framework adapters ------------------------------------------------------------
-
-
-def nvidia_smi(field: str) -> str | None:
-    try:
-        done = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-                              check=False, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
-
-
-def cuda_library(prefix: str) -> str | None:
-    """Version of the pip CUDA library torch loads (nvidia-cublas*, ...), where installed that way."""
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"] or ""
-        if name.lower().startswith(prefix):
-            return f"{name} {dist.version}"
-    return None
 
 
 # -- comparing two fingerprints ----------------------------------------------------------------------

@@ -17,7 +17,10 @@ Older options map onto it: `gate --update` is `regen-all`, `gate --update --only
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
+
+from harness.compare.findings import Finding
 
 
 class GoldenPolicy(Enum):
@@ -67,3 +70,12 @@ def from_update(update: bool, only_failing: bool, policy: str | None) -> GoldenP
                              f"not --golden {policy}: give one of them")
         return implied
     return GoldenPolicy(policy) if policy is not None else DEFAULT
+
+
+@dataclass
+class GoldenUpdate:
+    """What writing a golden changed (harness.reports.text.update_text says it)."""
+    created: bool  # there was none (or none readable)
+    tensors: list[str] = field(default_factory=list)  # side/tensor whose digest changed
+    inputs: list[str] = field(default_factory=list)  # inputs whose digest changed
+    environment: list[Finding] = field(default_factory=list)  # fingerprint fields that changed

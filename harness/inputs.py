@@ -14,10 +14,8 @@ from harness.dtypes import FLOAT_DTYPES, to_numpy_dtype
 from harness.ops import family_for
 from harness.rounding import round_float64
 
-# The version of the input generator: bump it whenever the bits of any input change. Version 1 cast the
-# float64 draws with ml_dtypes' astype (whose float64 -> bfloat16 rounding changed between 0.6.0 and 0.7.0);
-# version 2 rounds them with harness.rounding, which depends on nothing installed.
-GENERATOR = 2
+# The version of this generator, recorded in dumps and goldens: harness.store.dump.GENERATOR (bump it whenever
+# the bits of any input change).
 DEFAULT_MAX_INPUT_GIB = 8.0
 # A run holds about this many float64 copies of its inputs at its peak, all processes together (beyond what the
 # workers hold idle: the frameworks, about 1 GiB): each side's inputs, outputs and gradients (outputs and

@@ -14,8 +14,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, ValidationError, field_validator
 
-from harness.case import NAME_RULE, Strict, is_safe_name, line_and_field, read_yaml
+from harness.case import line_and_field, read_yaml
 from harness.errors import XfalignError, describe_value, validation_problem
+from harness.machine import cpu_isa, nvidia_smi
+from harness.schema import NAME_RULE, Strict, is_safe_name
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "portable-avx2"
@@ -107,23 +109,8 @@ def load_profile(name: str | None, relative_to: str | Path | None = None) -> Num
         raise ProfileError(f"{path}:{line}: {field}: {message}") from None
 
 
-def cpu_isa() -> str:
-    """The widest x86 vector extension this CPU has, as the classes name it."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    for flag, isa in (("amx_tile", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"), ("avx2", "avx2")):
-        if flag in flags:
-            return isa
-    return "baseline"
-
-
 def _gpu_class() -> str:
     """cuda-<device name>-sm<capability>, from nvidia-smi (the parent process imports no framework)."""
-    from harness.fingerprint import nvidia_smi
-
     name, capability = nvidia_smi("name") or "unknown", nvidia_smi("compute_cap") or ""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     return f"cuda-{slug}-sm{capability.replace('.', '')}" if capability else f"cuda-{slug}"

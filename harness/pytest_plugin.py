@@ -103,8 +103,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """--xfalign-warn-unused: the goldens in the baseline folders used that no item of the session produced."""
     if not config.getoption("xfalign_warn_unused") or _PRODUCED not in config.stash:
         return
-    from harness.gate import unused_goldens
     from harness.reports.text import unused_golden_text, warning_line
+    from harness.store.golden import unused_goldens
 
     for folder, names in config.stash[_PRODUCED].items():
         for path in unused_goldens(folder, names):
@@ -212,12 +212,13 @@ class CaseItem(pytest.Item):
         from rich.console import Console
 
         from harness.case import CaseError
-        from harness.dump import DumpError
         from harness.errors import SideCrashed
-        from harness.gate import Golden, GoldenMismatch, baseline_dir, check, settle
+        from harness.gate import check, settle
         from harness.reports.terminal import print_comparison, print_gate_result
         from harness.reports.text import golden_written_text, status_label, verdict_text
         from harness.runner import run_case
+        from harness.store.dump import DumpError
+        from harness.store.golden import Golden, GoldenMismatch, baseline_dir
 
         config = self.config
         if any(self.case.device_of(side) == "cuda" for side in self.case.sides) and not Path("/dev/nvidia0").exists():

@@ -45,12 +45,12 @@ from safetensors import SafetensorError
 import harness
 from harness.case import REFERENCE_SIDE, Case
 from harness.compare.case import CaseComparison, compare_dumps
-from harness.dump import Dump, DumpError
 from harness.errors import Interrupted, OutputError, SideCrashed, safe_name
 from harness.inputs import generate_inputs, write_inputs
 from harness.numerics import NumericsProfile, environment_class, load_profile
 from harness.ops import family_for, reference_framework
 from harness.reaper import claim, kill_descendants, sweep
+from harness.store.dump import Dump, DumpError
 
 # Per side, from the job's start (for a worker started for that job: from the worker's start, framework
 # import and compilation included); `--timeout` on the command line, else a case's `timeout`, else this.

@@ -36,17 +36,17 @@ import numpy as np
 from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
-from harness.atomic import unsynced
 from harness.case import REFERENCE_SIDE, Case, SideSpec
-from harness.digest import Digest
 from harness.dtypes import FLOAT_DTYPES, dtype_name
-from harness.dump import Dump
 from harness.execute import SideOutput, execute
 from harness.frameworks import FrameworkAdapter, adapter_for
-from harness.inputs import GENERATOR, read_inputs
+from harness.inputs import read_inputs
 from harness.numerics import NumericsProfile, environment_class
 from harness.ops import NotAvailable, family_for, reference_impl
 from harness.reaper import kill_descendants, reap
+from harness.store.atomic import unsynced
+from harness.store.digest import Digest
+from harness.store.dump import GENERATOR, Dump
 
 _WARNINGS = ".*(Transformer Engine|Apex|ccache).*"
 

@@ -7,7 +7,7 @@ plain step.
                                      [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full]
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
-and "fast" (fast64 and the stats computed where the tensor lives, harness.capture.fast_hash: on a GPU one
+and "fast" (fast64 and the stats computed where the tensor lives, harness.store.fast_hash: on a GPU one
 transfer of a few scalars per tensor, started at cap.step(); on the CPU by numpy in the hook, on the tensor's
 own memory, no copy). On CUDA "fast" takes the Triton kernel (harness.frameworks.triton_digest) where triton
 is importable; "fast-torch" is the same hash by torch ops (XFALIGN_FAST_DIGEST_KERNEL=torch while that variant

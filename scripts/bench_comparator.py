@@ -5,7 +5,7 @@
 Each pair is two tensors of --mib MiB (shape [-1, 4096]). "xfalign compare" is what `xfalign compare`
 does per tensor once a dump's file is loaded (harness.compare.case.compare_dumps on dumps read with
 check_bytes=False): harness.compare.pairs.originate with a digest check of each side
-(harness.digest.StreamCheck, the MD5 and XXH3-128 recorded when the dump was written), in one
+(harness.store.digest.StreamCheck, the MD5 and XXH3-128 recorded when the dump was written), in one
 chunked, threaded pass over the data: the digest checks, bitwise and canonical equality, differing /
 signed-zero / NaN / Inf counts, ULP max + index + histogram, max abs and rel error, worst elements and
 the mismatch heatmap grid; then the checks' verdicts. The others: np.array_equal on integer views of the bits,
@@ -29,7 +29,7 @@ import numpy as np
 from numpy.testing import assert_array_max_ulp
 
 from harness.compare.pairs import originate
-from harness.digest import StreamCheck, digests_of
+from harness.store.digest import StreamCheck, digests_of
 
 PAIRS = [("fp32, 0.01% differ by 1-3 ULP", np.float32, 1e-4),
          ("fp32, 1% differ by 1-3 ULP", np.float32, 1e-2),

@@ -1,4 +1,4 @@
-"""Host-side fast digest (harness.capture.fast_hash, harness.capture.stats): the current code against the
+"""Host-side fast digest (harness.store.fast_hash, harness.store.stats): the current code against the
 baseline it replaced (copied below, as it was), side by side in one run.
 
     python3 scripts/bench_fast_hash.py [--sizes 0.25 4 64] [--dtypes float32 bfloat16 float16 int32 int64 bool]
@@ -22,12 +22,12 @@ import time
 import ml_dtypes
 import numpy as np
 
-from harness.capture import fast_hash
-from harness.capture.fast_hash import BLOCK, PendingDigest, block_factors, block_sum, block_weights, fast_entry, finish, words_of
-from harness.capture.stats import tensor_stats
 from harness.dtypes import dtype_name, unsigned_view
+from harness.store import fast_hash
+from harness.store.fast_hash import BLOCK, PendingDigest, block_factors, block_sum, block_weights, fast_entry, finish, words_of
+from harness.store.stats import tensor_stats
 
-# ---- the baseline: harness.capture.fast_hash and .stats before this change, verbatim but for names --------------
+# ---- the baseline: harness.store.fast_hash and .stats before this change, verbatim but for names --------------
 
 _MASK = (1 << 64) - 1
 _OLD_CHUNK_BLOCKS = 16

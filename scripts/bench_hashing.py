@@ -22,8 +22,8 @@ import time
 import ml_dtypes
 import numpy as np
 
-from harness.digest import digests_of
 from harness.dtypes import unsigned_view
+from harness.store.digest import digests_of
 
 
 def dump_like(total_mib: int, count: int) -> dict[str, np.ndarray]:

@@ -17,9 +17,9 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
 from harness.compare.case import compare_dumps
-from harness.digest import Digest
-from harness.dump import Dump
 from harness.reports.html import write_reports
+from harness.store.digest import Digest
+from harness.store.dump import Dump
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]

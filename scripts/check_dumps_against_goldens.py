@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.gate import Golden
+from harness.store.golden import Golden
 
 
 def main(dumps: Path, baseline: Path) -> int:

@@ -1,6 +1,6 @@
 """Check that the fast digest computed by torch on a device (harness.frameworks.torch `device_digest`, the
 path a capture with hash="fast" takes) equals the numpy one of the same bytes on the host
-(harness.capture.fast_hash.fast64, and the statistics of harness.capture.stats to 1e-12 relative), for a
+(harness.store.fast_hash.fast64, and the statistics of harness.store.stats to 1e-12 relative), for a
 fixed set of tensors: several dtypes, odd sizes, empty, more than one block of words, NaN/Inf, views that
 do not start on a 4-byte boundary, a transposed one. On CUDA both paths of `device_digest` are
 checked: "fused" (the Triton kernel of harness.frameworks.triton_digest, `fused_device_digest`) and
@@ -24,10 +24,10 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from harness.capture.fast_hash import BLOCK, fast64
-from harness.capture.stats import tensor_stats
 from harness.frameworks import triton_digest
 from harness.frameworks.torch import TorchAdapter, device_digest
+from harness.store.fast_hash import BLOCK, fast64
+from harness.store.stats import tensor_stats
 
 PATHS = {"fused": "fused", "torch": "torch"}  # path -> XFALIGN_FAST_DIGEST_KERNEL
 # (ROWS, WARPS, PROGRAMS_PER_SM) of triton_digest's default kernel that --sweep times (the first: the defaults)

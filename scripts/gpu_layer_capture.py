@@ -17,8 +17,8 @@ from bench_capture import build_layer
 from megatron.core import tensor_parallel
 
 from harness.capture import capture
-from harness.capture.tree import read_tree
 from harness.ops.megatron_group import one_process_group
+from harness.store.tree import read_tree
 
 
 def layer(moe: bool) -> torch.nn.Module:

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from harness.case import load_cases
-from harness.digest import Digest
 from harness.inputs import generate_inputs
+from harness.store.digest import Digest
 
 ROOT = Path(__file__).resolve().parent.parent
 

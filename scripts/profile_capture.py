@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_capture import forward_backward, model_and_batch, train_step  # noqa: E402
 
 from harness.capture import api, capture  # noqa: E402
-from harness.capture.fast_hash import PendingDigest  # noqa: E402
-from harness.dump import Dump  # noqa: E402
 from harness.frameworks import triton_digest  # noqa: E402
 from harness.frameworks.torch import TorchAdapter  # noqa: E402
 from harness.ops.megatron_group import one_process_group  # noqa: E402
+from harness.store.dump import Dump  # noqa: E402
+from harness.store.fast_hash import PendingDigest  # noqa: E402
 
 PARTS: dict[str, list[float]] = defaultdict(list)
 WRITER: dict[str, list[float]] = defaultdict(list)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.case import REFERENCE_SIDE
 from harness.compare.exact import error_to_exact
-from harness.dump import Dump
+from harness.store.dump import Dump
 
 
 def dumps(cases: list[str], side: str, seeds: int, folder: Path) -> None:

@@ -126,7 +126,7 @@ _adapter.apply_profile(_profile)
 del _profile, _adapter
 """
 
-PORTABLE_ISAS = ("avx2", "avx512", "avx512-bf16", "amx")  # harness.numerics.cpu_isa values portable-avx2 runs on
+PORTABLE_ISAS = ("avx2", "avx512", "avx512-bf16", "amx")  # harness.machine.cpu_isa values portable-avx2 runs on
 
 
 def run_pinned(code: str, *args: str, framework: str = "megatron", profile: str = "portable-avx2",
@@ -134,7 +134,8 @@ def run_pinned(code: str, *args: str, framework: str = "megatron", profile: str 
     """Run `code` (sys.argv[1:] = args) in a fresh Python process under the numerics profile, as the framework's
     worker would be: so that a test's own computation gives the profile's bits on any CPU the profile covers.
     Skips where this CPU is not one of them (portable-avx2 pins AVX2 code paths)."""
-    from harness.numerics import cpu_isa, load_profile
+    from harness.machine import cpu_isa
+    from harness.numerics import load_profile
 
     if load_profile(profile).environment_class == "cpu-avx2" and cpu_isa() not in PORTABLE_ISAS:
         pytest.skip(f"the {profile} profile needs an x86-64 CPU with AVX2; this one's widest is {cpu_isa()}")

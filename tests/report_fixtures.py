@@ -3,8 +3,8 @@
 import ml_dtypes
 import numpy as np
 
-from harness.digest import Digest
-from harness.dump import Dump
+from harness.store.digest import Digest
+from harness.store.dump import Dump
 
 CASE_JSON = {"name": "known_diff", "op": "swiglu", "expect": {"all": "bitwise"}}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.digest import Digest, digests_of
-from harness.dump import Dump
-from harness.gate import Golden
+from harness.store.digest import Digest, digests_of
+from harness.store.dump import Dump
+from harness.store.golden import Golden
 
 CASE_ID = "sweep[x=1,y=fp32]"  # a sweep point's id: '[', ',', '=' are not in its golden's file names
 

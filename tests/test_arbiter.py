@@ -8,9 +8,9 @@ import pytest
 
 from harness.case import REFERENCE_SIDE, ExpectSpec
 from harness.compare.case import InputMismatch, compare_dumps
-from harness.dump import Dump
 from harness.reports.text import closer_text, finding_text, reference_text, to_exact_text
 from harness.rounding import round_float64
+from harness.store.dump import Dump
 
 from report_fixtures import dumps_of, side_meta
 

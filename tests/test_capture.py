@@ -10,10 +10,10 @@ import yaml
 
 from harness.capture import capture
 from harness.capture.api import CaptureError
-from harness.capture.format import TensorName
-from harness.capture.tree import TreeError, read_tree
-from harness.digest import Digest
-from harness.dump import DumpTargetError
+from harness.store.digest import Digest
+from harness.store.dump import DumpTargetError
+from harness.store.tree import TreeError, read_tree
+from harness.store.tree_format import TensorName
 
 # torch, paddle and megatron-core are imported by the first test that needs them, not at collection (see
 # tests/test_rmsnorm.py); the group keeps the in-process framework tests in one test process.
@@ -120,7 +120,7 @@ def test_digest_mode_stores_nothing_and_its_md5s_are_those_of_the_full_tensors(t
 
 
 def test_stats_count_nan_and_inf_and_skip_them():
-    from harness.capture.stats import tensor_stats
+    from harness.store.stats import tensor_stats
 
     stats = tensor_stats(np.array([1.0, np.nan, -np.inf, 3.0, np.inf], dtype=np.float32))
     assert stats == {"min": 1.0, "max": 3.0, "mean": 2.0, "norm": pytest.approx(10 ** 0.5), "nan": 1, "inf": 2}
@@ -191,7 +191,7 @@ def test_hooks_are_removed_on_exit_and_an_interrupted_step_writes_nothing(torch,
 
 
 def test_steps_are_written_by_a_writer_thread_whose_errors_reach_the_training(torch, tmp_path, monkeypatch):
-    from harness.dump import Dump
+    from harness.store.dump import Dump
 
     model = torch_model(torch, np.random.default_rng(5))
     with capture(model, tmp_path / "tree", mode="digest") as cap:

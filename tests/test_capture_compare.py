@@ -1,4 +1,4 @@
-"""Comparing two capture trees (harness.capture.compare): the per-record view in execution order, the first
+"""Comparing two capture trees (harness.compare.tree): the per-record view in execution order, the first
 divergent tensor, digest-only captures, missing steps, the CLI's exit codes, the reports, the gate on trees.
 Trees are built here from numpy arrays (Dump.write + capture.json): no framework is imported."""
 
@@ -11,8 +11,16 @@ import pytest
 import yaml
 
 from harness import __version__
-from harness.capture.compare import compare_trees
-from harness.capture.format import (
+from harness.capture.mapping import load_map
+from harness.case import ExpectSpec
+from harness.cli import main
+from harness.compare.expectations import MaxUlp
+from harness.compare.pairs import DigestPair
+from harness.compare.tree import compare_trees
+from harness.reports.text import divergence_text, finding_text, tree_verdict_text
+from harness.store.digest import Digest
+from harness.store.dump import Dump
+from harness.store.tree_format import (
     MANIFEST_FILE,
     CaptureInfo,
     CaptureManifest,
@@ -24,14 +32,6 @@ from harness.capture.format import (
     rank_folder,
     step_folder,
 )
-from harness.capture.mapping import load_map
-from harness.case import ExpectSpec
-from harness.cli import main
-from harness.compare.expectations import MaxUlp
-from harness.compare.pairs import DigestPair
-from harness.digest import Digest
-from harness.dump import Dump
-from harness.reports.text import divergence_text, finding_text, tree_verdict_text
 
 # A two-layer MLP, as a capture records it: parameters at the start, forward of fc1, fc2 and the root,
 # backward in reverse, gradients at the end.

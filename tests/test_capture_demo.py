@@ -34,7 +34,7 @@ def test_weights_loaded_through_the_map_are_identical(demo):
     run_demo, tensor_map, tree_a, tree_b, model_b = demo
     import paddle_mlp
 
-    from harness.capture.tree import read_tree
+    from harness.store.tree import read_tree
 
     loaded = paddle_mlp.parameters_numpy(model_b)
     a = read_tree(tree_a).step(0)
@@ -56,7 +56,7 @@ def test_first_divergence_is_the_swiglu_output(demo):
     """Eager Megatron rounds after every op of its bias SwiGLU, the fused variant once: the projections
     agree bit for bit, the first tensor that differs is the activation's output (linear_fc2's input)."""
     run_demo, tensor_map, tree_a, tree_b, _ = demo
-    from harness.capture.compare import compare_trees
+    from harness.compare.tree import compare_trees
 
     comparison = compare_trees(tree_a, tree_b, tensor_map)
     _, record, result = run_demo.first_divergence(comparison, tensor_map)
@@ -72,8 +72,8 @@ def test_replay_tells_inherited_from_own(demo):
     A's input and weights gate_proj/up_proj make A's output bit for bit: inherited. The model around the
     SwiGLU, replayed on A's input, still differs: the difference is its own."""
     run_demo, tensor_map, tree_a, tree_b, model_b = demo
-    from harness.capture.compare import compare_trees
     from harness.capture.replay import replay
+    from harness.compare.tree import compare_trees
 
     results = {r.name: r.pair for step in compare_trees(tree_a, tree_b, tensor_map).steps for r in step.comparison.tensors}
     assert not results["mlp.linear_fc1#0:grad_output.0"].bitwise
@@ -93,8 +93,8 @@ def test_compiled_megatron_matches_fused_variant_bitwise(tmp_path):
     sys.path.insert(0, str(DEMO))
     import run_demo
 
-    from harness.capture.compare import compare_trees
     from harness.capture.mapping import load_map
+    from harness.compare.tree import compare_trees
 
     tensor_map = load_map(DEMO / "map.yaml")
     tree_a = run_demo.capture_megatron(tmp_path / "megatron")

@@ -1,7 +1,7 @@
 """The name/layout map (harness.capture.mapping) and `map suggest` (harness.capture.suggest), on dumps shaped
 like the demo: a megatron-core MLP (linear_fc1 [2*ffn, h] = gate rows then up rows, torch [out, in],
 activations [s, b, h]) against a PaddleFormers-style LLaMA MLP (gate_proj, up_proj, down_proj in [in, out],
-activations [b, s, h]). No framework: numpy arrays and harness.dump.Dump."""
+activations [b, s, h]). No framework: numpy arrays and harness.store.dump.Dump."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from harness import __version__
-from harness.capture.format import MANIFEST_FILE, CaptureInfo, CaptureManifest, ModuleInfo, Record, step_folder
 from harness.capture.mapping import MapApplyError, MapError, MappedDump, TensorMap, load_map
 from harness.capture.suggest import suggest_map
-from harness.capture.tree import read_tree
-from harness.digest import Digest
-from harness.dump import Dump
+from harness.store.digest import Digest
+from harness.store.dump import Dump
+from harness.store.tree import read_tree
+from harness.store.tree_format import MANIFEST_FILE, CaptureInfo, CaptureManifest, ModuleInfo, Record, step_folder
 
 S, B, H, FFN, LAYERS = 3, 2, 4, 5, 2
 BF16 = ml_dtypes.bfloat16

@@ -213,9 +213,10 @@ def test_one_finding_flows_to_terminal_json_and_html(tmp_path):
 
 def test_gate_results_are_findings(tmp_path):
     from harness.case import Case
-    from harness.gate import GateResult, Golden, check
+    from harness.gate import GateResult, check
     from harness.reports.terminal import print_gate_result
     from harness.runner import CaseRun
+    from harness.store.golden import Golden
 
     a, b = known_diff_dumps(rows=16, cols=16)
     for dump in (a, b):
@@ -311,7 +312,7 @@ def test_case_comparison_status_and_first_divergent():
 
 
 def test_digests_that_disagree_with_equal_values_are_a_finding():
-    from harness.digest import Digest
+    from harness.store.digest import Digest
 
     a = np.ones(4, np.float32)
     other = Digest("float32", (4,), "0" * 32)

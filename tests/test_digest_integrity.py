@@ -13,9 +13,9 @@ from harness.compare import metrics
 from harness.compare.case import compare_dumps
 from harness.compare.heatmap import Grid
 from harness.compare.metrics import element_stats_and_map, ulp_distance
-from harness.digest import Digest, StreamCheck, digests_of, verify
-from harness.dump import META_FILE, TENSORS_FILE, Dump, DumpError, IntegrityError
-from harness.gate import Golden
+from harness.store.digest import Digest, StreamCheck, digests_of, verify
+from harness.store.dump import META_FILE, TENSORS_FILE, Dump, DumpError, IntegrityError
+from harness.store.golden import Golden
 
 from report_fixtures import known_diff_dumps
 
@@ -386,7 +386,7 @@ def test_cli_compare_refuses_a_capture_step_whose_recorded_hash_disagrees(tmp_pa
 def test_verify_and_stream_check_refuse_a_stale_md5():
     """Bytes edited and the XXH3 recorded again, the MD5 left stale: neither the all-at-once check nor the
     streaming one accepts it, and both say it is the MD5 that disagrees."""
-    from harness.digest import mismatches
+    from harness.store.digest import mismatches
 
     rng = np.random.default_rng(3)
     array = rng.standard_normal(1 << 19).astype(np.float32)
@@ -402,7 +402,7 @@ def test_verify_and_stream_check_refuse_a_stale_md5():
     both = Digest(recorded.dtype, recorded.shape, "0" * 32, "0" * 32)
     assert mismatches({"t": array, "u": edited}, {"t": both, "u": recorded}) == {"t": disagree + "MD5 and XXH3-128",
                                                                                   "u": disagree + "MD5 and XXH3-128"}
-    from harness.capture.fast_hash import fast64
+    from harness.store.fast_hash import fast64
 
     with_fast64 = Digest(recorded.dtype, recorded.shape, recorded.md5, recorded.xxh3, fast64(array))
     assert mismatches({"t": array}, {"t": with_fast64}) == {}  # a fast64 recorded beside them is checked too

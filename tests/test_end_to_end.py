@@ -6,8 +6,8 @@ import json
 import pytest
 
 from harness.cli import main
-from harness.dump import Dump
 from harness.reports.json_report import FORMAT
+from harness.store.dump import Dump
 
 from conftest import CASE
 

@@ -1,4 +1,4 @@
-"""The fast digest (harness.capture.fast_hash): numpy and torch give the same fast64, any one changed word
+"""The fast digest (harness.store.fast_hash): numpy and torch give the same fast64, any one changed word
 changes it; captures with hash="fast" of a torch module and of a Paddle layer agree on equal tensors; tree
 comparisons of fast captures with full ones (the stored side hashed with numpy) and with MD5-only ones
 (not comparable: said so)."""
@@ -11,13 +11,13 @@ import pytest
 
 from harness.capture import capture
 from harness.capture.api import CaptureError
-from harness.capture.compare import compare_trees
-from harness.capture.fast_hash import BLOCK, fast64
-from harness.capture.tree import read_tree
 from harness.compare.pairs import DigestPair, originate
-from harness.digest import Digest
-from harness.dump import Dump, DumpError
+from harness.compare.tree import compare_trees
 from harness.reports.text import finding_text, hash_text
+from harness.store.digest import Digest
+from harness.store.dump import Dump, DumpError
+from harness.store.fast_hash import BLOCK, fast64
+from harness.store.tree import read_tree
 
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 

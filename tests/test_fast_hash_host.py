@@ -1,4 +1,4 @@
-"""The host side of the fast digest (harness.capture.fast_hash, harness.capture.stats) against plain
+"""The host side of the fast digest (harness.store.fast_hash, harness.store.stats) against plain
 references written from the definitions: mix64 in Python integers against numpy's, finish / meta_key /
 PendingDigest.settle against the numpy forms they replaced, block_sum (chunked, sign-extended, with tails)
 against the whole-array sum, and tensor_stats (chunked, fp16 widened by bit tricks, BLAS dots) against
@@ -11,9 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.capture import fast_hash, stats
-from harness.capture.fast_hash import BLOCK, PendingDigest, block_sum, fast64, fast_entry, finish, meta_key, mix64, mix64_int, raw_bytes
-from harness.capture.stats import tensor_stats
+from harness.store import fast_hash, stats
+from harness.store.fast_hash import BLOCK, PendingDigest, block_sum, fast64, fast_entry, finish, meta_key, mix64, mix64_int, raw_bytes
+from harness.store.stats import tensor_stats
 
 MASK = (1 << 64) - 1
 

@@ -19,10 +19,10 @@ from test_faults_storage import tiny_disk  # noqa: F401 - a fixture: a 64 KiB tm
 
 from harness.capture import capture
 from harness.capture.api import CaptureError, CaptureWriteError
-from harness.capture.format import ROOT
 from harness.capture.replay import ReplayError, replay
-from harness.capture.tree import read_tree
-from harness.dump import DumpTargetError
+from harness.store.dump import DumpTargetError
+from harness.store.tree import read_tree
+from harness.store.tree_format import ROOT
 
 from conftest import ROOT as REPO
 

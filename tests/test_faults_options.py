@@ -26,12 +26,13 @@ import harness.inputs
 from harness.case import CaseError, load_cases
 from harness.cli import _check_run_options, _parser, usable_cores
 from harness.compare.findings import Finding
-from harness.digest import Digest
-from harness.gate import MAX_STEM, Golden, _step_golden, check_step, file_stem
+from harness.gate import _step_golden, check_step
 from harness.inputs import check_input_size
 from harness.numerics import ProfileError, load_profile
 from harness.reports.html import MAX_FILE_STEM, safe_file_stem
 from harness.reports.text import CODE_CHANGED, INPUTS_CHANGED, finding_text, gate_lines
+from harness.store.digest import Digest
+from harness.store.golden import MAX_STEM, Golden, file_stem
 
 from conftest import ROOT
 

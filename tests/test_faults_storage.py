@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from storage_writers import CASE_ID, make_dump, make_golden
 
-from harness import atomic
 from harness.cli import main
-from harness.digest import digests_of
-from harness.dump import Dump, DumpTargetError, check_dump_target
 from harness.errors import OutputError
-from harness.gate import Golden, GoldenError, GoldenMismatch
+from harness.store import atomic
+from harness.store.digest import digests_of
+from harness.store.dump import Dump, DumpTargetError, check_dump_target
+from harness.store.golden import Golden, GoldenError, GoldenMismatch
 
 from conftest import ROOT, SMALL_WEIGHTED
 
@@ -63,12 +63,12 @@ WRITER = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 from pathlib import Path
-import harness.atomic
-from harness.gate import Golden
+import harness.store.atomic
+from harness.store.golden import Golden
 from storage_writers import make_dump, make_golden
 kind, path, seed, elements = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 if "no-exchange" in sys.argv[5:]:
-    harness.atomic.exchange = lambda a, b: False
+    harness.store.atomic.exchange = lambda a, b: False
 if kind == "dump":
     make_dump(seed, elements=elements).write(path)
 elif kind == "golden":

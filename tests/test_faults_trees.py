@@ -17,13 +17,13 @@ from test_faults_storage import cli, one_error_line
 from test_faults_storage import tree as files
 
 from harness import __version__
-from harness.capture.compare import compare_trees
-from harness.capture.format import MANIFEST_FILE, CaptureInfo, CaptureManifest, ModuleInfo, Record, step_folder
 from harness.capture.mapping import MapError, load_map
 from harness.capture.suggest import suggest_map
-from harness.capture.tree import TreeError, read_tree
-from harness.dump import Dump, DumpError, DumpTargetError, check_dump_target
+from harness.compare.tree import compare_trees
 from harness.errors import UsageError
+from harness.store.dump import Dump, DumpError, DumpTargetError, check_dump_target
+from harness.store.tree import TreeError, read_tree
+from harness.store.tree_format import MANIFEST_FILE, CaptureInfo, CaptureManifest, ModuleInfo, Record, step_folder
 
 from conftest import SMALL_WEIGHTED
 
@@ -56,13 +56,13 @@ def test_a_file_that_appears_while_a_dump_is_written_is_not_deleted(tmp_path, mo
     """The target is checked again right before the swap: writing a large dump takes a while."""
     folder = tmp_path / "d"
     make_dump(1).write(folder)
-    save = __import__("harness.dump", fromlist=["save_file"]).save_file
+    save = __import__("harness.store.dump", fromlist=["save_file"]).save_file
 
     def save_and_a_user_writes(tensors, path):
         save(tensors, path)
         (folder / "NOTES.txt").write_text("written meanwhile")
 
-    monkeypatch.setattr("harness.dump.save_file", save_and_a_user_writes)
+    monkeypatch.setattr("harness.store.dump.save_file", save_and_a_user_writes)
     with pytest.raises(DumpTargetError, match="holds 'NOTES.txt' besides an xfalign dump"):
         make_dump(2).write(folder)
     assert (folder / "NOTES.txt").read_text() == "written meanwhile"

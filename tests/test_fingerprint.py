@@ -7,8 +7,9 @@ import pytest
 from harness.case import CaseError, load_case
 from harness.cli import main
 from harness.fingerprint import changed_fields
-from harness.gate import Golden, check
+from harness.gate import check
 from harness.runner import run_case
+from harness.store.golden import Golden
 
 from conftest import SMALL_WEIGHTED
 

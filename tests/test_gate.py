@@ -10,11 +10,12 @@ from harness.case import load_case
 from harness.cli import main
 from harness.compare.findings import GOLDEN, judged
 from harness.compare.pairs import originate
-from harness.digest import Digest
-from harness.gate import FORMAT, Golden, check
-from harness.inputs import GENERATOR
+from harness.gate import check
 from harness.reports.text import finding_text
 from harness.runner import run_case
+from harness.store.digest import Digest
+from harness.store.dump import GENERATOR
+from harness.store.golden import FORMAT, Golden
 
 from conftest import REPORT_ONLY
 
@@ -201,7 +202,7 @@ def test_nondeterminism_is_reported_per_side_not_blamed_on_the_other(write_case,
 
 
 def test_golden_names_its_format_and_a_golden_without_one_is_refused(tmp_path):
-    from harness.gate import GoldenError
+    from harness.store.golden import GoldenError
 
     from conftest import ROOT
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from harness.capture import capture
-from harness.capture.fast_hash import BLOCK, PendingDigest, fast64
-from harness.capture.stats import tensor_stats
-from harness.capture.tree import read_tree
 from harness.cli import main
 from harness.dtypes import dtype_name
+from harness.store.fast_hash import BLOCK, PendingDigest, fast64
+from harness.store.stats import tensor_stats
+from harness.store.tree import read_tree
 
 # In-process torch: the test process that imports it for the other framework tests runs these too.
 pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("in_process_frameworks")]

@@ -3,7 +3,7 @@ recorded once. numpy promises no stream across versions (NEP 19): if one of thes
 inputs changed, and so would every golden.
 
 When a change to the inputs is intended (a new or edited case): `python3 scripts/input_digests.py --write
-tests/data/input_digests.json`; when existing inputs' bits change, bump harness.inputs.GENERATOR as well.
+tests/data/input_digests.json`; when existing inputs' bits change, bump harness.store.dump.GENERATOR as well.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_every_builtin_input_has_its_recorded_digest():
     actual = script.input_digests(files)
     different = script.differences(json.loads(DIGESTS.read_text()), actual)
     assert not different, ("inputs differ from tests/data/input_digests.json (if intended: scripts/input_digests.py "
-                           "--write it, and bump harness.inputs.GENERATOR if existing inputs changed):\n" + "\n".join(different))
+                           "--write it, and bump harness.store.dump.GENERATOR if existing inputs changed):\n" + "\n".join(different))
 
 
 def test_digest_file_is_as_the_script_writes_it():

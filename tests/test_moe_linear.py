@@ -149,8 +149,8 @@ def test_golden_inputs_come_from_every_side_even_when_the_first_is_not_available
     """The Paddle side (first here) cannot run fused_linear on CPU: the golden still records the inputs
     the Megatron side consumed, so the gate's input check stays on."""
     from harness.case import load_case
-    from harness.gate import Golden
     from harness.runner import run_case
+    from harness.store.golden import Golden
 
     text = LINEAR.replace("  megatron: {framework: megatron}\n  paddle: {framework: paddle, impl: matmul_add}",
                           "  paddle: {framework: paddle, impl: fused_linear}\n  megatron: {framework: megatron}")

@@ -46,7 +46,7 @@ def test_the_model_is_the_released_class(pf):
 def test_weights_and_inputs_loaded_through_the_map_are_identical(pf):
     """B's captured parameters and its input, put in A's names and layouts by the map, are A's bytes."""
     _, tensor_map, tree_a, tree_b, _ = pf
-    from harness.capture.tree import read_tree
+    from harness.store.tree import read_tree
 
     a, b = read_tree(tree_a).step(0), read_tree(tree_b).step(0)
     assert b.tensors["gate_proj:param.weight"].shape == (64, 128)  # Paddle [in, out]
@@ -65,9 +65,9 @@ def test_first_divergence_is_the_first_gemm_and_only_rounding(pf):
     paddleformers_mlp, tensor_map, tree_a, tree_b, model_b = pf
     import run_demo
 
-    from harness.capture.compare import compare_trees
     from harness.capture.replay import replay
-    from harness.capture.tree import read_tree
+    from harness.compare.tree import compare_trees
+    from harness.store.tree import read_tree
 
     first = compare_trees(tree_a, tree_b, tensor_map).divergence
     assert (first.name, first.phase, first.module_type) == ("mlp.linear_fc1#0:output.0", "forward", "ColumnParallelLinear")
@@ -84,8 +84,8 @@ def test_decoder_layer_runs_and_is_captured(pf, tmp_path):
     """PaddleFormers' LlamaDecoderLayer (RMSNorm, attention with RoPE, MLP) forward and backward in fp32 on
     CPU: every module recorded, forward then backward down to the first norm, every parameter's gradient."""
     paddleformers_mlp = pf[0]
-    from harness.capture.format import CaptureInfo
-    from harness.capture.tree import read_tree
+    from harness.store.tree import read_tree
+    from harness.store.tree_format import CaptureInfo
 
     tree = paddleformers_mlp.capture_decoder_layer(tmp_path / "decoder")
     dump = read_tree(tree).step(0)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.compare.metrics import element_stats, ulp_distance
-from harness.digest import Digest
+from harness.store.digest import Digest
 
 FLOATS = {"float32": (np.float32, np.uint32), "bfloat16": (ml_dtypes.bfloat16, np.uint16), "float16": (np.float16, np.uint16)}
 SETTINGS = settings(max_examples=150, deadline=None)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from harness.case import load_cases
-from harness.dump import Dump
 from harness.inputs import generate_inputs
 from harness.runner import run_case
+from harness.store.dump import Dump
 
 TOLERANCE = 1e-12  # normwise relative: float64 work of a few hundred terms is ~1e-15
 

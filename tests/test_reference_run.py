@@ -37,7 +37,7 @@ def test_the_reference_is_megatrons_formula_in_float64_and_arbitrates_each_tenso
     comparison = run.comparison
     assert comparison.reference is not None and comparison.reference_missing is None
     assert "weighted" not in comparison.reference.provenance and "bias_swiglu_impl" in comparison.reference.provenance
-    from harness.dump import Dump
+    from harness.store.dump import Dump
 
     exact, side = Dump.read(dumps[REFERENCE_SIDE]), Dump.read(dumps["megatron"])
     assert exact.side == REFERENCE_SIDE and exact.meta["inputs"] == side.meta["inputs"]  # the inputs as given

@@ -66,8 +66,8 @@ def _cases() -> list[tuple[str, Any, Any, int]]:
     import numpy as np
     import torch
 
-    from harness.capture.fast_hash import BLOCK
     from harness.frameworks.torch import TorchAdapter
+    from harness.store.fast_hash import BLOCK
 
     rng = np.random.default_rng(0)
     normal = rng.standard_normal
@@ -142,7 +142,7 @@ def _other_ints() -> list[tuple[str, Any, Any]]:
     import numpy as np
     import torch
 
-    from harness.capture.fast_hash import BLOCK
+    from harness.store.fast_hash import BLOCK
 
     rng = np.random.default_rng(5)
     arrays = {"int8 [2*BLOCK*4+3] with extremes": np.concatenate([rng.integers(-128, 128, 8 * BLOCK, dtype=np.int8),
@@ -167,10 +167,10 @@ def _run() -> None:
     """In the interpreter's subprocess: one JSON line per case and run (fused vs numpy)."""
     import numpy as np
 
-    from harness.capture.fast_hash import PendingDigest, block_sum, fast64, raw_bytes
-    from harness.capture.stats import tensor_stats
     from harness.dtypes import dtype_name
     from harness.frameworks import triton_digest
+    from harness.store.fast_hash import PendingDigest, block_sum, fast64, raw_bytes
+    from harness.store.stats import tensor_stats
 
     for label, tensor, array, programs in _cases():
         expected, expected_stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))

@@ -16,11 +16,11 @@ from harness.case import ExpectSpec, load_cases
 from harness.compare.case import compare_dumps
 from harness.compare.expectations import MaxUlp
 from harness.compare.pairs import originate
-from harness.dump import Dump
 from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison
 from harness.reports.text import detail_text, findings_lines
+from harness.store.dump import Dump
 
 from report_fixtures import dumps_of, known_diff_dumps
 

@@ -38,7 +38,7 @@ PATH_VARIABLE = "XFALIGN_PADDLEFORMERS_PATH"
 DEFAULT_PATH = HERE.parent.parent / "build" / "paddleformers"
 sys.path.insert(0, str(HERE))
 
-from harness.capture.format import ROOT, call_tensor  # noqa: E402
+from harness.store.tree_format import ROOT, call_tensor  # noqa: E402
 
 
 def paddleformers_path() -> Path:
@@ -177,11 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     import_llama()  # fail early, with the install line
     import run_demo
 
-    from harness.capture.compare import compare_trees
-    from harness.capture.format import CaptureInfo
     from harness.capture.mapping import load_map
     from harness.capture.replay import replay
-    from harness.capture.tree import read_tree
+    from harness.compare.tree import compare_trees
+    from harness.store.tree import read_tree
+    from harness.store.tree_format import CaptureInfo
 
     tensor_map = load_map(MAP)
     trees_a = {kind: capture_megatron(out / f"megatron-fp32-{kind}", eager=kind == "eager") for kind in ("compiled", "eager")}

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 MAP = HERE / "map.yaml"
 sys.path.insert(0, str(HERE))
 
-from harness.capture.format import ROOT, TensorName, call_tensor  # noqa: E402
+from harness.store.tree_format import ROOT, TensorName, call_tensor  # noqa: E402
 
 
 def capture_megatron(path: Path, device: str = "cpu", eager: bool = False, mode: str = "full",
@@ -51,7 +51,7 @@ def capture_megatron(path: Path, device: str = "cpu", eager: bool = False, mode:
 
 def a_arrays(tree_a, step: int = 0) -> dict[str, np.ndarray]:
     """A's captured step as name -> array (stored tensors only)."""
-    from harness.capture.tree import read_tree
+    from harness.store.tree import read_tree
 
     dump = read_tree(tree_a).step(step)
     return {name: np.asarray(dump.tensors[name]) for name in dump.tensors}
@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import paddle_mlp as P
 
-    from harness.capture.compare import compare_trees
     from harness.capture.mapping import load_map
     from harness.capture.replay import replay
+    from harness.compare.tree import compare_trees
     from harness.reports.text import exact_replay_lines
 
     tensor_map = load_map(MAP)

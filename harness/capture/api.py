@@ -1,6 +1,6 @@
 """`capture(model, path, ...)`: hooks on a model's modules that record, per training step, every selected
 module's inputs, outputs, output gradients, parameters (at the start of the step) and parameter gradients
-(when `step()` is called), and write each step as an xfalign dump (the tree in harness.capture.format).
+(when `step()` is called), and write each step as an xfalign dump (the tree in harness.store.tree_format).
 
     with capture(model, "dumps/side-a", mode="digest") as cap:
         for batch in batches:
@@ -13,7 +13,7 @@ first divergent output in record order is the earliest computed one; backward re
 gradients arrive. The framework is found by the adapters (harness.frameworks), which own the hook code.
 Tensors are copied to the host in the hooks and hashed (digest modes) on a thread pool while the step
 goes on. With hash="fast" (digest modes) a tensor is not copied: the adapter computes its fast64
-(harness.capture.fast_hash) and statistics where it lives (on the GPU for a CUDA tensor), and `step()`
+(harness.store.fast_hash) and statistics where it lives (on the GPU for a CUDA tensor), and `step()`
 starts moving those few scalars of every tensor to the host at once; no MD5 is recorded for such a tensor
 (tensors kept in full still get one). `step()` hands the step to a writer thread, which waits for that work
 and writes the step's dump while training goes on: the next `step()` waits for it (so at most one step is
@@ -51,9 +51,17 @@ import yaml
 from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
-from harness.atomic import fsync_dir, fsync_file, remove_tree, replace_dir, staging_dir, unsynced, write_text_atomic
-from harness.capture.fast_hash import HASHES, PendingDigest, fast_entry
-from harness.capture.format import (
+from harness.dtypes import NUMPY_DTYPES
+from harness.errors import OutputError, XfalignError
+from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
+from harness.schema import MAX_NAME_CHARS, NAME_RULE, is_safe_name
+from harness.store.atomic import fsync_dir, fsync_file, remove_tree, replace_dir, staging_dir, unsynced, write_text_atomic
+from harness.store.digest import digest_entry
+from harness.store.dump import Dump, DumpTargetError
+from harness.store.fast_hash import HASHES, PendingDigest, fast_entry
+from harness.store.stats import tensor_stats
+from harness.store.tree import read_tree
+from harness.store.tree_format import (
     CAPTURE_FORMAT,
     MANIFEST_FILE,
     MODES,
@@ -67,13 +75,6 @@ from harness.capture.format import (
     rank_folder,
     step_folder,
 )
-from harness.capture.stats import digest_entry, tensor_stats
-from harness.capture.tree import read_tree
-from harness.case import MAX_NAME_CHARS, NAME_RULE, is_safe_name
-from harness.dtypes import NUMPY_DTYPES
-from harness.dump import Dump, DumpTargetError
-from harness.errors import OutputError, XfalignError
-from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
 
 
 class CaptureError(XfalignError):
@@ -656,6 +657,6 @@ def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[
     selected as well; side: the name in the dumps (default: the framework adapter's name);
     refetch (mode "digests-then-full"): the module globs, or the YAML file listing them, kept in full;
     threads: the hashing pool's size; hash (digest modes): "md5" (MD5 + XXH3 of a host copy) or "fast"
-    (fast64, computed where the tensor lives: harness.capture.fast_hash)."""
+    (fast64, computed where the tensor lives: harness.store.fast_hash)."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
                    provenance=provenance, threads=threads, hash=hash)

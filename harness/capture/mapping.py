@@ -60,12 +60,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
-from harness.capture.format import TensorName
-from harness.capture.tree import Tree
 from harness.case import line_and_field, read_yaml
-from harness.digest import digests_of
-from harness.dump import Dump
 from harness.errors import XfalignError, describe_value, validation_problem
+from harness.store.digest import digests_of
+from harness.store.dump import Dump
+from harness.store.tree import Tree
+from harness.store.tree_format import TensorName
 
 MAP_FORMAT: Literal["xfalign-map/1"] = "xfalign-map/1"
 MAX_MAP_BYTES = 1 << 20

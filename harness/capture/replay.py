@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from harness.capture.format import ROOT, TensorName, call_tensor, param_tensor
-from harness.capture.tree import Tree, read_tree
 from harness.compare.pairs import Pair, originate
 from harness.dtypes import dtype_name
-from harness.dump import Dump
 from harness.errors import XfalignError
+from harness.store.dump import Dump
+from harness.store.tree import Tree, read_tree
+from harness.store.tree_format import ROOT, TensorName, call_tensor, param_tensor
 
 if TYPE_CHECKING:
     from harness.capture.mapping import TensorMap
-    from harness.capture.replay_exact import ExactReplay
+    from harness.compare.replay import ExactReplay
     from harness.frameworks.base import FrameworkAdapter
 
 Verdict = Literal["inherited", "differs", "no counterpart"]

@@ -15,7 +15,7 @@ output is closer to exact (`replay(..., exact=True, model_a=...)`; `ReplayResult
   in units of the dtype's unit roundoff u, the share of elements where each side is closer); `closer` names
   the side of smaller normwise error (fewer NaN/Inf mismatches first).
 - Where both copies ran, the other float64 output against the exact one is the `spread`. The copies compute one
-  function when their normwise difference is at most AGREE_U u of the output's dtype: taking either as exact
+  function when their normwise difference is at most AGREE_U u (harness.compare.replay) of the output's dtype: taking either as exact
   then moves each side's normwise error by at most AGREE_U u (triangle inequality). A larger spread means the
   modules compute different functions (a bias added on one side only, say), or a copy does not compute in
   float64 (a cast to a narrower dtype written into its forward): `closer` is then measured against A's function.
@@ -29,18 +29,18 @@ import copy
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from harness.capture.format import ROOT
 from harness.capture.replay import captured_parameter, first_line
-from harness.compare.arbiter import ExactComparison, arbitrate
-from harness.compare.exact import UNIT_ROUNDOFF, ExactError, error_to_exact
-from harness.compare.pairs import Pair, originate
+from harness.compare.arbiter import arbitrate
+from harness.compare.exact import ExactError, error_to_exact
+from harness.compare.pairs import originate
+from harness.compare.replay import ExactOutput, ExactReplay
 from harness.dtypes import FLOAT_DTYPES, dtype_name
-from harness.dump import Dump
+from harness.store.dump import Dump
+from harness.store.tree_format import ROOT
 
 if TYPE_CHECKING:
     from harness.capture.mapping import TensorMap
@@ -48,89 +48,6 @@ if TYPE_CHECKING:
     from harness.frameworks.base import FrameworkAdapter
 
 SIDES = ("A", "B")
-AGREE_U = 1 / 16  # the float64 copies agree: normwise difference at most this many units of the output's u
-Closer = Literal["A", "B", "tie"]
-
-
-@dataclass(frozen=True)
-class ExactOutput:
-    """One output of the replayed module: A's captured value against B's replayed one (`pair`, as replay
-    compares them), with both against the exact value (`pair.exact`), and the two float64 copies' agreement."""
-
-    pair: Pair  # its `exact` is set: harness.compare.arbiter.ExactComparison, sides ("A", "B")
-    spread: ExactError | None = None  # the other float64 output against the exact one (in float64 ULPs)
-    spread_missing: str | None = None  # why there is no spread
-
-    @property
-    def name(self) -> str:
-        return self.pair.name
-
-    @property
-    def dtype(self) -> str:
-        return self.pair.digest.dtype
-
-    @property
-    def exact(self) -> ExactComparison:
-        assert self.pair.exact is not None
-        return self.pair.exact
-
-    @property
-    def closer(self) -> Closer | None:
-        """The side whose output is closer to exact by normwise error (fewer NaN/Inf mismatches first)."""
-        a, b = self.exact.a, self.exact.b
-        if a is None or b is None:
-            return None
-        key_a, key_b = (a.class_mismatch, a.normwise), (b.class_mismatch, b.normwise)
-        return "tie" if key_a == key_b else "A" if key_a < key_b else "B"
-
-    @property
-    def spread_u(self) -> float | None:
-        """The float64 copies' normwise difference in units of the output dtype's u (absolute where exact is 0)."""
-        if self.spread is None:
-            return None
-        return self.spread.normwise if self.spread.normwise_absolute else self.spread.normwise / UNIT_ROUNDOFF[self.dtype]
-
-    @property
-    def agree(self) -> bool | None:
-        """Whether the float64 copies compute one function (module note); None without a spread."""
-        if self.spread is None:
-            return None
-        return self.spread.error_norm == 0 if self.spread.normwise_absolute else self.spread.normwise <= AGREE_U * UNIT_ROUNDOFF[self.dtype]
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "exact": self.exact.to_json(), "closer": self.closer,
-                "spread": self.spread.to_json() if self.spread else None, "spread_u": self.spread_u,
-                "agree": self.agree, "spread_missing": self.spread_missing}
-
-
-@dataclass
-class ExactReplay:
-    """The float64 replay of one module call: whose float64 output is the exact one (`reference`, "A" or "B";
-    None: N/A), why a side's copy did not run (`not_run`), per output the verdict, and the exact values."""
-
-    module_a: str
-    modules_b: list[str]
-    step: int
-    call: int
-    reference: Literal["A", "B"] | None
-    not_run: dict[str, str]  # side -> why its float64 copy did not run
-    outputs: list[ExactOutput]
-    values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # exact outputs, A's names and layouts
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def missing(self) -> str | None:
-        """Why nothing could be measured (N/A), else None."""
-        if self.reference is not None:
-            return None
-        return "; ".join(f"side {side}: {why}" for side, why in self.not_run.items())
-
-    def to_json(self) -> dict:
-        return {"module_a": self.module_a, "modules_b": self.modules_b, "step": self.step, "call": self.call,
-                "reference": self.reference, "missing": self.missing, "not_run": self.not_run,
-                "outputs": [output.to_json() for output in self.outputs], "notes": self.notes}
-
-
 class _CannotRun(Exception):
     """A side's float64 copy cannot be made or run; the message says why."""
 

@@ -20,16 +20,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.capture.format import TensorName
 from harness.capture.mapping import MapError
-from harness.dump import Dump
+from harness.store.dump import Dump
+from harness.store.tree_format import TensorName
 
 LOOKAHEAD = 6  # records skipped, at most, to find the next pair
 Shape = tuple[int, ...]
 
 
 class TreeLike(Protocol):
-    """What suggest_map reads of a capture tree (harness.capture.tree.Tree)."""
+    """What suggest_map reads of a capture tree (harness.store.tree.Tree)."""
 
     @property
     def steps(self) -> list[str]: ...

@@ -13,9 +13,9 @@ from harness.compare.arbiter import NOT_GIVEN, arbitrate
 from harness.compare.expectations import Expectation
 from harness.compare.findings import Finding
 from harness.compare.pairs import Pair, originate
-from harness.digest import Digest, StreamCheck
-from harness.dump import CheckedTensors, Dump
 from harness.errors import XfalignError
+from harness.store.digest import Digest, StreamCheck
+from harness.store.dump import CheckedTensors, Dump
 
 
 class InputMismatch(XfalignError):

@@ -6,7 +6,7 @@ the "which bits differ" scan comes first, on 8-byte words (several elements at a
 elements differ, ULP distance, NaN/Inf classes, abs/rel error and the mismatch grid
 (harness.compare.heatmap) are computed on the differing elements only, gathered (equal elements contribute 0
 to all of them); where many differ, on whole cache-sized blocks, in place, with no gathering.
-The same pass feeds the digest checks of both sides' bytes (harness.digest.StreamCheck: MD5, and XXH3-128
+The same pass feeds the digest checks of both sides' bytes (harness.store.digest.StreamCheck: MD5, and XXH3-128
 where recorded), chunk by chunk, as each chunk is read, where it runs on several threads: comparing a read
 dump verifies it without a pass of its own. A pair of one chunk (one thread) leaves its checks unfed: MD5 is
 one sequential stream per tensor, and the caller hashes such tensors together, in threads.
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.compare.heatmap import Grid, MismatchMap
-from harness.digest import StreamCheck
 from harness.dtypes import (
     FLOAT_DTYPES,
     NUMPY_DTYPES,
@@ -31,6 +30,7 @@ from harness.dtypes import (
     dtype_name,
     unsigned_view,
 )
+from harness.store.digest import StreamCheck
 
 ULP_BUCKETS = ("0", "1", "2-3", "4-15", ">=16")
 CHUNK_ELEMENTS = 1 << 21  # per task of the thread pool: the "which bits differ" scan, then the differing elements
@@ -665,7 +665,7 @@ def element_stats_and_map(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], 
                           checks: tuple[StreamCheck | None, ...] = ()) -> tuple[ElementStats, MismatchMap | None]:
     """element_stats, and where the elements differ with the arrays seen in `shape` (a grid of cells
     over its last two dimensions), from the same one pass over the data. The map is None when
-    nothing differs. `checks`: digest checks of `a`'s and `b`'s bytes (harness.digest.StreamCheck),
+    nothing differs. `checks`: digest checks of `a`'s and `b`'s bytes (harness.store.digest.StreamCheck),
     fed chunk by chunk by the same pass where it runs on several threads (a pass of one chunk leaves them
     unfed: see the module's note); their verdicts are read with `matches()` afterwards."""
     return _compare(a, b, tuple(shape), threads, checks)

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from harness.capture.fast_hash import fast64
 from harness.compare.arbiter import ExactComparison
 from harness.compare.findings import Finding
 from harness.compare.heatmap import MismatchMap
 from harness.compare.metrics import ElementStats, element_stats_and_map
-from harness.digest import Digest, StreamCheck
 from harness.dtypes import FLOAT_DTYPES
+from harness.store.digest import Digest, StreamCheck
+from harness.store.fast_hash import fast64
 
 
 @dataclass
@@ -209,7 +209,7 @@ def originate(name: str, a: np.ndarray | None, b: np.ndarray | None,
               stats: tuple[dict | None, dict | None] = (None, None)) -> Pair:
     """The Pair for two arrays. `digests`: the arrays' digests where already known (a dump records
     them when written), to spare hashing the tensors again. `checks`: checks of the arrays' bytes
-    against those digests (harness.digest.StreamCheck), fed by the element scan where there is one
+    against those digests (harness.store.digest.StreamCheck), fed by the element scan where there is one
     (the caller reads their verdicts; a check the scan did not feed hashes its bytes when asked).
     A side with a digest but no array kept only digests (a capture in digest mode): a DigestPair, whose
     `stats` are the sides' recorded TensorStats."""

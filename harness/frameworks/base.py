@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from harness.capture.fast_hash import PendingDigest
+    from harness.store.fast_hash import PendingDigest
 
 
 class FrameworkAdapter(ABC):
@@ -155,7 +155,7 @@ class FrameworkAdapter(ABC):
         return np.array(self.to_numpy(tensor), copy=True)
 
     def device_digest(self, tensor: Any) -> PendingDigest | None:
-        """Start the fast digest (harness.capture.fast_hash) and the statistics of `tensor` where it lives,
+        """Start the fast digest (harness.store.fast_hash) and the statistics of `tensor` where it lives,
         without copying it to the host; `fetch_digests` reads the handle's values at the step's end.
         None: this adapter has no such path (the capture hashes a host copy with numpy instead).
         ValueError: a dtype no dump holds."""

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from harness.fingerprint import nvidia_smi
 from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
+from harness.machine import nvidia_smi
 
 # Paddle switches a case may flip (deterministic kernels, oneDNN): saved before each case in a long-lived
 # worker and put back after; a build that does not have one (CPU builds lack the cuDNN ones) skips it.
@@ -158,7 +158,7 @@ class PaddleAdapter(FrameworkAdapter):
         return tensor.inplace_version
 
     def device_digest(self, tensor) -> None:
-        # The fast digest of a Paddle tensor is the numpy one of its host copy (harness.capture.fast_hash,
+        # The fast digest of a Paddle tensor is the numpy one of its host copy (harness.store.fast_hash,
         # on the capture's thread pool): this project's Paddle builds are CPU only, where the copy is a
         # memcpy; a Paddle-ops version for a GPU build is not written yet (it would copy to the host).
         return None

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from harness.capture import fast_hash
-from harness.capture.fast_hash import SLOTS, PendingDigest, settled_digest
 from harness.dtypes import dtype_name
-from harness.fingerprint import cuda_library, nvidia_smi, version_of
 from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
+from harness.frameworks.digest_tables import device_table
+from harness.machine import cuda_library, nvidia_smi, version_of
+from harness.store import fast_hash
+from harness.store.fast_hash import SLOTS, PendingDigest, settled_digest
 
 INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 
@@ -326,7 +327,6 @@ class TorchAdapter(FrameworkAdapter):
 
 
 _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump holds it)
-_CONSTANTS: dict = {}  # (device, table) -> W or V (int64, the uint64 bits) on that device
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
 
 
@@ -342,20 +342,8 @@ def dtype_name_of(tensor) -> str | None:
     return _DTYPES[tensor.dtype]
 
 
-def _table(device, name: str, count: int):
-    import torch
-
-    key = (str(device), name)
-    table = _CONSTANTS.get(key)
-    if table is None or table.numel() < count:
-        values = fast_hash.block_weights() if name == "W" else fast_hash.block_factors(max(count, 1) * 2)
-        table = torch.from_numpy(values.view(np.int64).copy()).to(device)
-        _CONSTANTS[key] = table
-    return table[:count]
-
-
 def block_sum(tensor):
-    """S of harness.capture.fast_hash, computed where the tensor lives: a 0-dim int64 tensor (the uint64's
+    """S of harness.store.fast_hash, computed where the tensor lives: a 0-dim int64 tensor (the uint64's
     bits) on its device; torch's int64 arithmetic wraps mod 2**64, as the definition asks. Few kernels:
     on a GPU each launch costs more than the work of a small tensor."""
     import torch
@@ -368,8 +356,8 @@ def block_sum(tensor):
         raw = raw.clone()
     block_bytes = 4 * fast_hash.BLOCK
     full = nbytes // block_bytes
-    weights = _table(raw.device, "W", fast_hash.BLOCK)
-    factors = _table(raw.device, "V", fast_hash.blocks_of(nbytes))
+    weights = device_table(raw.device, "W", fast_hash.BLOCK)
+    factors = device_table(raw.device, "V", fast_hash.blocks_of(nbytes))
     parts = []
     for start in range(0, full, _CHUNK_BLOCKS):
         stop = min(full, start + _CHUNK_BLOCKS)

@@ -1,4 +1,4 @@
-"""The fast digest of a CUDA tensor (harness.capture.fast_hash: S, the fast64 block sum, and the SLOTS
+"""The fast digest of a CUDA tensor (harness.store.fast_hash: S, the fast64 block sum, and the SLOTS
 statistics) by one Triton kernel, `digest` (harness.frameworks.triton_kernels), that reads the tensor once,
 instead of the ~15 torch ops of harness.frameworks.torch `block_sum` / `device_digest`, which make full-size
 float64 and int64 temporaries.
@@ -53,7 +53,8 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from harness.capture import fast_hash
+from harness.frameworks.digest_tables import device_table
+from harness.store import fast_hash
 
 # A tile is ROWS blocks x LANES units (LANES = 16 bytes per thread x 32 x WARPS units: 512 int32 words for 4
 # warps), one column of ROWS blocks, so that each thread loads ROWS x 16 bytes per tile (vectorised: no masks
@@ -197,8 +198,6 @@ class Launch(NamedTuple):
 def _launch(flat, layout: tuple[int, bool, bool]) -> Launch:
     """The launch for a contiguous 1-D tensor: from _PLANS, else made (and kept once the programs resident
     per multiprocessor of its compiled variant are known)."""
-    from harness.frameworks.torch import _table
-
     settings = (ROWS, WARPS, PROGRAMS_PER_SM, FIRST_PROGRAMS_PER_SM, MAX_PROGRAMS, SINGLE_PROGRAM_TILES, REDUCE_ROWS)
     key = (flat.device, flat.dtype, flat.numel(), settings)
     launch = _PLANS.get(key)
@@ -218,7 +217,7 @@ def _launch(flat, layout: tuple[int, bool, bool]) -> Launch:
     tiles = grid["full_tiles"] + grid["tail_tiles"]
     programs = 1 if tiles <= SINGLE_PROGRAM_TILES else max(1, min(tiles, cap))
     args = (n, grid["n_full"], blocks, nbytes, grid["groups"], grid["full_tiles"], grid["tail_tiles"], grid["chunks"])
-    launch = Launch(programs, args, meta, _table(flat.device, "W", fast_hash.BLOCK), _table(flat.device, "V", blocks),
+    launch = Launch(programs, args, meta, device_table(flat.device, "W", fast_hash.BLOCK), device_table(flat.device, "V", blocks),
                     resident_key)
     if resident is not None:
         if len(_PLANS) >= _MAX_PLANS:

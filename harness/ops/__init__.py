@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from harness.case import USER_IMPL, FieldProblem
+from harness.case import USER_IMPL
 from harness.ops.family import (
     Impl,
     Implementations,
@@ -25,6 +25,7 @@ from harness.ops.family import (
     variant,
 )
 from harness.plugins import entry_points
+from harness.schema import FieldProblem
 
 GROUP = "xfalign.ops"
 

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from harness.case import Case, FieldProblem
+from harness.case import Case
 from harness.compare.expectations import sides_named
 from harness.dtypes import FLOAT_DTYPES
 from harness.errors import validation_problem
-from harness.fingerprint import version_of
+from harness.machine import version_of
+from harness.schema import FieldProblem
 
 P = ParamSpec("P")
 R = TypeVar("R")

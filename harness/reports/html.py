@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -11,13 +10,12 @@ from urllib.parse import quote
 import numpy as np
 from jinja2 import Environment, PackageLoader
 
-from harness.atomic import write_text_atomic
-from harness.capture.compare import StepComparison, TreeComparison
 from harness.compare.case import CaseComparison, SideInfo, TensorResult
 from harness.compare.metrics import ULP_BUCKETS
 from harness.compare.pairs import FloatPair
+from harness.compare.tree import StepComparison, TreeComparison
 from harness.dtypes import to_numpy_dtype
-from harness.errors import safe_name
+from harness.errors import safe_name, shortened
 from harness.reports.text import (
     HEATMAP_AXES,
     NAN_INF,
@@ -54,6 +52,7 @@ from harness.reports.text import (
     unavailable_text,
     verdict_text,
 )
+from harness.store.atomic import write_text_atomic
 
 STATUS_CLASSES = {"pass": "pass", "fail": "fail", "n/a": "na"}
 MAX_FILE_STEM = 120
@@ -201,14 +200,6 @@ def case_view(comparison: CaseComparison) -> dict:
 def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
     html = _env.get_template("case.html.j2").render(case=case_view(comparison))
     return write_text_atomic(path, html)
-
-
-def shortened(stem: str, name: str, max_chars: int) -> str:
-    """`stem` (a file name stem made of `name`) when it has at most `max_chars` characters; else its start
-    and 12 hex digits of `name`'s SHA-256, so that two long names that begin alike stay two names."""
-    if len(stem) <= max_chars:
-        return stem
-    return f"{stem[:max_chars - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
 
 
 def safe_file_stem(name: str) -> str:

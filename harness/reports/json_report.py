@@ -25,10 +25,9 @@ import json
 import math
 from pathlib import Path
 
-from harness.atomic import write_text_atomic
-from harness.capture.compare import Divergence, TreeComparison
 from harness.compare.case import CaseComparison, TensorResult
 from harness.compare.pairs import FloatPair
+from harness.compare.tree import Divergence, TreeComparison
 from harness.reports.text import (
     closer_text,
     divergence_text,
@@ -39,6 +38,7 @@ from harness.reports.text import (
     unavailable_text,
     verdict_text,
 )
+from harness.store.atomic import write_text_atomic
 
 FORMAT = "xfalign-report/2"
 # Numbers that do not apply to a pair are null: ULP on integer/bool tensors, and distances when every

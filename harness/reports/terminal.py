@@ -7,9 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from harness.capture.compare import StepComparison, TreeComparison
 from harness.compare.case import CaseComparison, SideInfo
-from harness.dump import Dump
+from harness.compare.tree import StepComparison, TreeComparison
 from harness.gate import GateResult, TreeGateResult
 from harness.reports.text import (
     CODE_CHANGED,
@@ -54,6 +53,7 @@ from harness.reports.text import (
     verdict_text,
     yes_no,
 )
+from harness.store.dump import Dump
 
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "n/a": "bold yellow"}
 # per column of TABLE_COLUMNS

@@ -12,11 +12,11 @@ from harness.compare.findings import GOLDEN, PAIR_KINDS, Finding
 from harness.fingerprint import label as field_label
 
 if TYPE_CHECKING:
-    from harness.capture.compare import Divergence, RecordView, StepComparison, TreeComparison, TreeSide
-    from harness.capture.replay_exact import ExactOutput, ExactReplay
     from harness.compare.case import CaseComparison, SideInfo, TensorResult
     from harness.compare.pairs import Pair
-    from harness.gate import GoldenUpdate
+    from harness.compare.replay import ExactOutput, ExactReplay
+    from harness.compare.tree import Divergence, RecordView, StepComparison, TreeComparison, TreeSide
+    from harness.golden_policy import GoldenUpdate
 
 STATUS_LABELS = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A"}
 GATE_LABELS = {True: "GATE PASS", False: "GATE FAIL"}  # by whether the gate passed
@@ -25,10 +25,6 @@ NAN_INF = "NaN/Inf"  # a worst element's distance when it is a NaN/Inf class mis
 TABLE_COLUMNS = ("tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "differing", "NaN/Inf", "max ULP",
                  "max abs", "exact A|B ULP/u", "closer", "expect", "holds")
 HEATMAP_AXES = ("leading dims flattened", "last dim")  # where the op does not name its last two axes
-GOLDEN_HEADER = "# xfalign golden. Update: xfalign gate CASE --baseline DIR --update\n"
-TREE_GOLDEN_HEADER = "# xfalign golden of a capture step. Update: xfalign gate --tree TREE --baseline DIR --update\n"
-OBTAINED_HEADER = ("# xfalign obtained: what the last run produced, where it drifted from the golden beside it (not a "
-                   "golden; removed when the golden passes or is rewritten). Accept it: --golden force-regen\n")
 
 
 def status_label(status: str) -> str:

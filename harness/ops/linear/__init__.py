@@ -13,8 +13,9 @@ Float64 reference (`linear_reference`): the Megatron variant's own ColumnParalle
 
 from __future__ import annotations
 
-from harness.case import Case, FieldProblem, Strict
+from harness.case import Case
 from harness.ops.family import OpFamily
+from harness.schema import FieldProblem, Strict
 
 
 class LinearOptions(Strict):

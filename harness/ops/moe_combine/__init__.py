@@ -17,8 +17,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from harness.case import Case, FieldProblem, Strict
+from harness.case import Case
 from harness.ops.family import OpFamily
+from harness.schema import FieldProblem, Strict
 
 
 class MoeCombineOptions(Strict):

@@ -24,8 +24,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from harness.case import Case, FieldProblem, Strict
+from harness.case import Case
 from harness.ops.family import OpFamily
+from harness.schema import FieldProblem, Strict
 
 
 class RmsNormOptions(Strict):

@@ -28,9 +28,10 @@ from typing import ClassVar
 import numpy as np
 from pydantic import Field
 
-from harness.case import Case, FieldProblem, Strict
+from harness.case import Case
 from harness.ops.family import OpFamily
 from harness.rounding import round_float64
+from harness.schema import FieldProblem, Strict
 
 BSHD_TO_PADDLE = (1, 0, 2, 3)  # [s, b, h, d] -> [b, s, h, d]; its own inverse
 

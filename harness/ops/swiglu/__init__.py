@@ -16,8 +16,9 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from harness.case import Case, FieldProblem, Strict
+from harness.case import Case
 from harness.ops.family import OpFamily
+from harness.schema import FieldProblem, Strict
 
 
 class SwigluOptions(Strict):

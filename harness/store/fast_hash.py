@@ -21,7 +21,7 @@ nothing to S; the byte length, dtype and shape enter through K. Sums mod 2**64 d
 order of the additions, so a parallel reduction (torch's, on any device) gives the same S.
 It is not a cryptographic hash: it detects changes, it does not resist forgery.
 
-Statistics beside it are those of harness.capture.stats (over finite values, in float64).
+Statistics beside it are those of harness.store.stats (over finite values, in float64).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.capture.stats import scratch, tensor_stats
 from harness.dtypes import dtype_name, unsigned_view
+from harness.store.stats import scratch, tensor_stats
 
 BLOCK = 65536  # words per block
 HASHES = ("md5", "fast")

@@ -17,17 +17,21 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from harness import __version__
-from harness.atomic import file_mode, fsync, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
-from harness.capture.format import CaptureInfo, TensorStats
 from harness.case import ExpectSpec
 from harness.compare.expectations import tag_names
-from harness.digest import Digest, StreamCheck, digests_of, mismatches
 from harness.errors import OutputError, XfalignError, field_text, safe_name, validation_problem
+from harness.store.atomic import file_mode, fsync, fsync_dir, fsync_file, pause, remove_tree, replace_dir, staging_dir
+from harness.store.digest import Digest, StreamCheck, digests_of, mismatches
+from harness.store.tree_format import CaptureInfo, TensorStats
 
 FORMAT = "xfalign-dump/1"
 TENSORS_FILE = "tensors.safetensors"
 META_FILE = "meta.json"
 DUMP_FILES = (TENSORS_FILE, META_FILE)  # all a dump folder holds: anything else is the user's
+# The version of the input generator (harness.inputs): bump it whenever the bits of any input change. Version 1 cast the
+# float64 draws with ml_dtypes' astype (whose float64 -> bfloat16 rounding changed between 0.6.0 and 0.7.0);
+# version 2 rounds them with harness.rounding, which depends on nothing installed.
+GENERATOR = 2
 _FAST64 = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -40,7 +44,7 @@ class TensorEntry(BaseModel):
     shape: list[int]
     md5: str | None = None  # always set for a stored tensor; None only with fast64 (hash="fast")
     xxh3: str | None = None
-    fast64: str | None = None  # harness.capture.fast_hash: a digest-only tensor captured with hash="fast"
+    fast64: str | None = None  # harness.store.fast_hash: a digest-only tensor captured with hash="fast"
     stored: bool = True  # False: only the digests (and stats) were kept (a capture in digest mode)
     stats: TensorStats | None = None
 
@@ -71,7 +75,7 @@ class DumpMeta(BaseModel):
     provenance: str
     environment: dict[str, Any]  # the fingerprint (harness.fingerprint)
     inputs: dict[str, dict[str, Any]]  # input name -> digest of the input as the side consumed it
-    generator: int | None = None  # the input generator that made them (harness.inputs.GENERATOR); None: a capture
+    generator: int | None = None  # the input generator that made them (GENERATOR); None: a capture
     unavailable: str | None = None  # why the side could not run here (then nothing else was captured)
     repeats: dict[str, list[str | None]] = {}  # tensor -> MD5 per repeat, when run more than once
     tensors: list[TensorEntry] = []
@@ -189,13 +193,13 @@ def read_meta(directory: Path) -> dict:
 
 
 def recorded_generator(record: Mapping[str, Any]) -> int | None:
-    """The input generator (harness.inputs.GENERATOR) that a dump's meta or a golden says made its inputs:
+    """The input generator (GENERATOR) that a dump's meta or a golden says made its inputs:
     generated inputs recorded before the version was are version 1; None: no generated inputs (a capture)."""
     return record.get("generator", 1 if record.get("inputs") else None)
 
 
 def _corrupt(directory: Path, name: str, problem: str) -> IntegrityError:
-    """`problem`: what disagrees, as harness.digest.mismatches says it ("bytes do not match the recorded MD5")."""
+    """`problem`: what disagrees, as harness.store.digest.mismatches says it ("bytes do not match the recorded MD5")."""
     return IntegrityError(f"{directory}: tensor {name}: {problem} (corrupt or edited dump)")
 
 
@@ -204,7 +208,7 @@ class CheckedTensors(Mapping):
     digest before it is handed out: all at once (`check`, in threads), one on first access, or by a pass
     that reads the bytes anyway (`unchecked` hands out an array with its StreamCheck, `settle` takes
     the verdicts). Every check hashes the bytes with MD5, the digest shown and kept, and with XXH3-128
-    where recorded (harness.digest.mismatches): a tensor whose recorded dtype, shape, MD5 or XXH3 disagrees
+    where recorded (harness.store.digest.mismatches): a tensor whose recorded dtype, shape, MD5 or XXH3 disagrees
     with its bytes raises IntegrityError naming the dump, the tensor and what disagrees. Digest-only
     tensors (stored: false) are not here: they have no bytes to check."""
 
@@ -310,7 +314,7 @@ class Dump:
 
     def write(self, directory: str | Path, validate: bool = True) -> Path:
         """Write the dump at `directory` (see `check_dump_target` for what may be there already). It is
-        made complete in a staging folder beside it, then swapped in (harness.atomic.replace_dir): at
+        made complete in a staging folder beside it, then swapped in (harness.store.atomic.replace_dir): at
         every instant the old complete dump or the new one is at the path. validate=False: the meta is
         JSON data built from validated parts (a capture's step), not checked against DumpMeta again."""
         directory = Path(directory)

@@ -8,7 +8,7 @@ shown is then the MD5 of the bytes, and a record edited in any one hash is caugh
 XXH3, are checked by MD5 alone.
 
 A tensor a capture recorded with hash="fast" (digest only, never stored) has fast64
-(harness.capture.fast_hash) instead of MD5. Two digests are equal when dtype and shape agree and so does
+(harness.store.fast_hash) instead of MD5. Two digests are equal when dtype and shape agree and so does
 a hash both record: MD5 where both have it, else fast64; two digests that share no hash are never equal
 (`comparable` tells that case apart). A digest-only tensor (stored: false) has no bytes: it is shown as
 recorded, and there is nothing to verify it against.
@@ -28,6 +28,8 @@ import numpy as np
 import xxhash
 
 from harness.dtypes import dtype_name, unsigned_view
+from harness.store.fast_hash import fast64
+from harness.store.stats import tensor_stats
 
 _PARALLEL_BYTES = 1 << 20  # below this in all, hashing in threads costs more than it saves
 
@@ -39,7 +41,7 @@ class Digest:
     md5: str | None  # None only for a tensor captured with hash="fast" (then fast64 is set)
     # Not part of a digest's identity: older dumps and goldens do not record it.
     xxh3: str | None = field(default=None)
-    fast64: str | None = field(default=None)  # harness.capture.fast_hash, where recorded
+    fast64: str | None = field(default=None)  # harness.store.fast_hash, where recorded
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Digest):
@@ -172,8 +174,6 @@ def _hash_mismatch(array: np.ndarray, digest: Digest, hashers: dict[str, Any]) -
     recorded = {"MD5": digest.md5, "XXH3-128": digest.xxh3}
     wrong = [name for name, hasher in hashers.items() if hasher.hexdigest() != recorded[name]]
     if digest.fast64 is not None:  # recorded beside the MD5 of a stored tensor: rare; hashed whole, here
-        from harness.capture.fast_hash import fast64  # lazy: harness.capture imports this module
-
         if fast64(array) != digest.fast64:
             wrong.append("fast64")
     return f"bytes do not match the recorded {' and '.join(wrong)}" if wrong else None
@@ -271,3 +271,9 @@ class StreamCheck:
     def matches(self) -> bool:
         """Whether the bytes are those recorded (call once the threads feeding it are done)."""
         return self.mismatch() is None
+
+
+def digest_entry(array: np.ndarray) -> dict:
+    """An unstored tensor's entry of a dump (Dump.unstored): dtype, shape, MD5, XXH3 and stats."""
+    digest = digests_of({"": array}, threads=1)[""]  # one thread: this already runs on the capture's pool
+    return {**digest.to_json(xxh3=True), "stats": tensor_stats(array)}

@@ -1,4 +1,4 @@
-"""Comparison of two capture trees (harness.capture.format), step by step.
+"""Comparison of two capture trees (harness.store.tree_format), step by step.
 
 Steps are paired by position (a step one tree lacks is a failing "missing" finding). Each step's B dump is
 put in A's names and layouts by the map (harness.capture.mapping `TensorMap.to_a`; without a map the
@@ -14,20 +14,33 @@ import glob
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
-from harness.capture.format import CaptureInfo, ModuleInfo, TensorName, rank_folder
-from harness.capture.tree import Tree, read_tree
 from harness.case import ExpectSpec
 from harness.compare.case import CaseComparison, TensorResult, compare_dumps
 from harness.compare.expectations import Bitwise
 from harness.compare.findings import Finding
 from harness.compare.pairs import OneSidedPair
-from harness.dump import Dump
 from harness.errors import UsageError
+from harness.store.dump import Dump
+from harness.store.tree import Tree, read_tree
+from harness.store.tree_format import CaptureInfo, ModuleInfo, TensorName, rank_folder
 
-if TYPE_CHECKING:
-    from harness.capture.mapping import TensorMap
+
+class TensorMap(Protocol):
+    """What comparing two trees asks of a map between their names (harness.capture.mapping.TensorMap)."""
+
+    @property
+    def is_identity(self) -> bool: ...
+
+    def check_trees(self, tree_a: Tree, tree_b: Tree) -> None: ...
+
+    def ignored(self, side: Literal["a", "b"], name: str) -> bool: ...
+
+    def to_a(self, dump_b: Dump) -> Dump: ...
+
+    def module_pairs(self, modules_a: list[str], modules_b: list[str] | None = None) -> dict[str, list[str]]: ...
+
 
 TREE_EXPECT = ExpectSpec(all=Bitwise())  # two captures of one model: every tensor bitwise, unless told otherwise
 PHASE_ORDER = {"forward": 0, "backward": 1, "params": 2, "grads": 2}  # the table's order; ties keep A's order

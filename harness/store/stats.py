@@ -1,4 +1,4 @@
-"""What a capture records of one tensor: its digests (MD5 + XXH3-128 of the raw bytes) and statistics."""
+"""The statistics of one tensor a capture records (its digests: harness.store.digest.digest_entry)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import threading
 
 import ml_dtypes
 import numpy as np
-
-from harness.digest import digests_of
 
 # The statistics run over the tensor a chunk at a time, each chunk widened to float64 into one buffer reused
 # for all (a whole-tensor float64 copy costs page faults and falls out of the cache); the sum and the sum of
@@ -62,7 +60,7 @@ def _sum_of_squares(values: np.ndarray) -> float:
 
 def tensor_stats(array: np.ndarray) -> dict:
     """min, max, mean and L2 norm over the finite values, in float64 (None when there are none), and
-    the NaN and Inf counts (harness.capture.format.TensorStats fields)."""
+    the NaN and Inf counts (harness.store.tree_format.TensorStats fields)."""
     values = array.reshape(-1)
     n = values.size
     if not n:
@@ -113,8 +111,3 @@ def _stats_of_finite(values: np.ndarray) -> dict:
     return {"min": float(values.min()), "max": float(values.max()), "mean": total / values.size,
             "norm": float(np.sqrt(squares)), "nan": nan, "inf": inf}
 
-
-def digest_entry(array: np.ndarray) -> dict:
-    """An unstored tensor's entry of a dump (Dump.unstored): dtype, shape, MD5, XXH3 and stats."""
-    digest = digests_of({"": array}, threads=1)[""]  # one thread: this already runs on the capture's pool
-    return {**digest.to_json(xxh3=True), "stats": tensor_stats(array)}

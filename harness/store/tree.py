@@ -1,4 +1,4 @@
-"""Reading a capture tree (harness.capture.format): its manifest, its steps (each an xfalign dump) and,
+"""Reading a capture tree (harness.store.tree_format): its manifest, its steps (each an xfalign dump) and,
 for a capture of several ranks, the tree of each rank."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.capture.format import MANIFEST_FILE, CaptureManifest
-from harness.case import NAME_RULE, is_safe_name
-from harness.dump import Dump, DumpError, read_meta
 from harness.errors import field_text, validation_problem
+from harness.schema import NAME_RULE, is_safe_name
+from harness.store.dump import Dump, DumpError, read_meta
+from harness.store.tree_format import MANIFEST_FILE, CaptureManifest
 
 
 class TreeError(DumpError):

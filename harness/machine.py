@@ -1,0 +1,48 @@
+"""Facts about this machine, each read in one place: the CPU's widest vector extension, the GPU (through
+nvidia-smi: the parent process imports no framework) and the versions of installed distributions."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import subprocess
+from pathlib import Path
+
+
+@functools.cache  # read from the installed metadata once per process: it takes milliseconds each time
+def version_of(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_isa() -> str:
+    """The widest x86 vector extension this CPU has, as the classes name it."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    for flag, isa in (("amx_tile", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"), ("avx2", "avx2")):
+        if flag in flags:
+            return isa
+    return "baseline"
+
+
+def nvidia_smi(field: str) -> str | None:
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                              check=False, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+
+
+def cuda_library(prefix: str) -> str | None:
+    """Version of the pip CUDA library torch loads (nvidia-cublas*, ...), where installed that way."""
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower().startswith(prefix):
+            return f"{name} {dist.version}"
+    return None
