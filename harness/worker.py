@@ -242,18 +242,8 @@ def _end_case_processes() -> None:
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:  # no child at all: nothing to walk /proc for
         return
-    reap(kill_descendants(os.getpid(), spare=_framework_pools()))
-
-
-def _framework_pools() -> frozenset[int]:
-    """torch inductor's compile workers (started by a case's compilation, reused by the next ones):
-    the sidecar of its SubprocPool, or the workers of a ProcessPoolExecutor."""
-    async_compile = sys.modules.get("torch._inductor.async_compile")
-    if async_compile is None or not async_compile.AsyncCompile.process_pool.cache_info().currsize:
-        return frozenset()
-    pool = async_compile.AsyncCompile.process_pool()
-    sidecar = getattr(pool, "process", None)
-    return frozenset([sidecar.pid] if sidecar is not None else getattr(pool, "_processes", None) or ())
+    kept = adapter_for(_Prepared.framework).kept_processes() if _Prepared.framework else frozenset()
+    reap(kill_descendants(os.getpid(), spare=kept))
 
 
 def _numpy_state():

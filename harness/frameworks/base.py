@@ -64,6 +64,11 @@ class FrameworkAdapter(ABC):
         worker records their change over each op, so that op time and compile time can be told apart."""
         return {}
 
+    def kept_processes(self) -> frozenset[int]:
+        """Child processes of the framework's own that a worker keeps from one case to the next (a compile
+        pool); every other process a case leaves is killed when it ends."""
+        return frozenset()
+
     def reset(self) -> None:
         """Undo what one case may have changed (for a worker reused across cases)."""
 

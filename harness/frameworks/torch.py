@@ -109,6 +109,16 @@ class TorchAdapter(FrameworkAdapter):
         torch.backends.cuda.matmul.allow_tf32 = state["matmul"][0]
         torch.set_float32_matmul_precision(state["matmul"][1])
 
+    def kept_processes(self) -> frozenset[int]:
+        """torch inductor's compile workers (started by a case's compilation, reused by the next ones): the
+        sidecar of its SubprocPool, or the workers of a ProcessPoolExecutor."""
+        async_compile = sys.modules.get("torch._inductor.async_compile")
+        if async_compile is None or not async_compile.AsyncCompile.process_pool.cache_info().currsize:
+            return frozenset()
+        pool = async_compile.AsyncCompile.process_pool()
+        sidecar = getattr(pool, "process", None)
+        return frozenset([sidecar.pid] if sidecar is not None else getattr(pool, "_processes", None) or ())
+
     def compile_stats(self) -> dict:
         utils = sys.modules.get("torch._dynamo.utils")
         if utils is None:
