@@ -21,7 +21,8 @@ HARNESS = Path(__file__).resolve().parent.parent / "harness"
 # runs up. Modules of one package sit in different layers where the package spans them (compare's
 # expectations and findings are the vocabulary of the case schema; its comparisons of dumps and trees sit above).
 LAYERS: list[tuple[str, ...]] = [
-    ("harness.errors", "harness.dtypes", "harness.rounding", "harness.plugins", "harness.reaper", "harness.schema"),
+    ("harness.errors", "harness.dtypes", "harness.rounding", "harness.plugins", "harness.reaper", "harness.schema",
+     "harness.sharding"),
     ("harness.machine",),
     ("harness.fingerprint",),
     ("harness.store",),
