@@ -22,6 +22,7 @@ from harness.dtypes import FLOAT_DTYPES
 from harness.errors import validation_problem
 from harness.machine import version_of
 from harness.schema import FieldProblem
+from harness.sharding import Sharding
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -113,6 +114,15 @@ class OpFamily(ABC):
     def extra_outputs(self, case: Case) -> list[str]:
         """Forward outputs captured beside the differentiated ones (no upstream gradient)."""
         return []
+
+    def ranks(self, case: Case, framework: str) -> int:
+        """Processes a side of `framework` runs on (a tensor-parallel group); 1: one process."""
+        return 1
+
+    def shardings(self, case: Case, framework: str) -> dict[str, Sharding]:
+        """How inputs and outputs are split across those ranks (absent: replicated). Each rank is handed its
+        pieces of the inputs; a gradient is split as its input, an output's upstream gradient as the output."""
+        return {}
 
     # -- shared -----------------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""A one-process torch.distributed group with Megatron's model-parallel state (TP=PP=CP=1), for Megatron
-implementations that read their groups from parallel_state. Imported only by those (in a worker)."""
+"""Megatron's model-parallel state for implementations that read their groups from parallel_state: at TP=1 a
+one-process torch.distributed group of its own; at TP=N the world of N rank workers xfalign started for the
+case (torch.distributed already joined by each rank's worker). Imported only by those (in a worker)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,25 @@ def one_process_group(device: str) -> Iterator[None]:
         yield
     finally:
         _teardown()
+
+
+@contextmanager
+def model_parallel_group(device: str, tensor_parallel: int = 1) -> Iterator[None]:
+    """Megatron's parallel state for TP=`tensor_parallel` (PP=CP=1). At TP>1 it is made on the rank workers'
+    world once and kept: the next case of that size, on the same workers, reuses it."""
+    if tensor_parallel == 1:
+        with one_process_group(device):
+            yield
+        return
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if world != tensor_parallel:
+        raise RuntimeError(f"tensor_parallel {tensor_parallel} runs on a world of {tensor_parallel} ranks; this "
+                           f"worker's world has {world}")
+    if not (parallel_state.model_parallel_is_initialized()
+            and parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel):
+        parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(tensor_parallel, 1, create_gloo_process_groups=False)
+    yield
 
 
 def holds_world() -> bool:

@@ -1,6 +1,6 @@
-"""Megatron side of the linear family: the real megatron.core.tensor_parallel.ColumnParallelLinear at
-TP=1, built inside a one-process torch.distributed group (gloo on CPU, nccl on GPU; in-process
-HashStore rendezvous)."""
+"""Megatron side of the linear family: the real megatron.core.tensor_parallel.ColumnParallelLinear or
+RowParallelLinear. At TP=1 built inside a one-process torch.distributed group (gloo on CPU, nccl on GPU;
+in-process HashStore rendezvous); at TP=N on each of the N rank workers, with that rank's pieces."""
 
 from __future__ import annotations
 
@@ -10,24 +10,36 @@ from megatron.core.model_parallel_config import ModelParallelConfig
 
 from harness.ops.family import Implementations, NotAvailable, reference, variant
 from harness.ops.linear import LinearFamily
-from harness.ops.megatron_group import one_process_group
+from harness.ops.megatron_group import model_parallel_group
 
 
 class LinearMegatron(Implementations, family=LinearFamily, framework="megatron"):
-    @variant(provenance="megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (TP=1, "
-                        "gradient_accumulation_fusion as in the case)")
+    @variant(provenance=lambda options: (
+        f"megatron-core: megatron.core.tensor_parallel.{options['parallel'].capitalize()}ParallelLinear "
+        f"(TP={options['tensor_parallel']}, sequence_parallel {options['sequence_parallel']}, "
+        f"gradient_accumulation_fusion {options['gradient_accumulation_fusion']})"))
     @staticmethod
     def megatron(x, weight, bias, options):
+        tp = options["tensor_parallel"]
         config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=weight.dtype,
+                                     tensor_model_parallel_size=tp, sequence_parallel=options["sequence_parallel"],
                                      gradient_accumulation_fusion=options["gradient_accumulation_fusion"])
         device = x.device.type
-        with one_process_group(device):
+        column = options["parallel"] == "column"
+        with model_parallel_group(device, tp):
             if device == "cuda":
                 tensor_parallel.random.model_parallel_cuda_manual_seed(0)
             try:
-                layer = tensor_parallel.ColumnParallelLinear(
-                    weight.shape[1], weight.shape[0], config=config, init_method=torch.nn.init.zeros_,
-                    bias=bias is not None, gather_output=False, skip_weight_param_allocation=True)
+                if column:
+                    layer = tensor_parallel.ColumnParallelLinear(
+                        weight.shape[1], weight.shape[0] * tp, config=config, init_method=torch.nn.init.zeros_,
+                        bias=bias is not None, gather_output=False, skip_weight_param_allocation=True)
+                else:
+                    layer = tensor_parallel.RowParallelLinear(
+                        weight.shape[1] * tp, weight.shape[0], config=config, init_method=torch.nn.init.zeros_,
+                        bias=bias is not None, input_is_parallel=True, skip_bias_add=False)
+                    del layer.weight  # the harness's tensor (this rank's piece), so its gradient lands where captured
+                    layer.weight = weight
             except RuntimeError as error:
                 if "gradient_accumulation_fusion" in str(error):
                     raise NotAvailable(f"gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda: {error}") from None
@@ -37,12 +49,14 @@ class LinearMegatron(Implementations, family=LinearFamily, framework="megatron")
                 layer.bias = bias
             layer.to(device)
             # Megatron's input is [s, b, h]; a 2-D x is [M, 1, h] (same GEMM, rows flattened)
-            out, _ = layer(x if x.dim() == 3 else x.unsqueeze(1), weight=weight)
+            inputs = x if x.dim() == 3 else x.unsqueeze(1)
+            out, _ = layer(inputs, weight=weight) if column else layer(inputs)
         return out if x.dim() == 3 else out.squeeze(1)
 
 
 REFERENCE_PROVENANCE = (
-    "float64 reference: megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (TP=1) built with "
+    "float64 reference: megatron-core: megatron.core.tensor_parallel.ColumnParallelLinear (or RowParallelLinear, as "
+    "the case's parallel; TP=1 whatever the case's tensor_parallel: the exact result is one) built with "
     "params_dtype=float64 on float64 tensors, run eagerly: forward torch.matmul(x, W.t()) then + b, backward "
     "megatron.core.tensor_parallel.layers.LinearWithGradAccumulationAndAsyncCommunication's own (dgrad g @ W, "
     "wgrad g^T @ x, bias grad g.sum(0)); with gradient_accumulation_fusion the layer is built without it (apex's "
@@ -52,4 +66,5 @@ REFERENCE_PROVENANCE = (
 @reference(provenance=REFERENCE_PROVENANCE)
 def linear_reference(x, weight, bias, options):
     """The Megatron side's own code path, on float64 tensors (params_dtype follows the weight's dtype)."""
-    return LinearMegatron.megatron(x, weight, bias, {**options, "gradient_accumulation_fusion": False})
+    return LinearMegatron.megatron(x, weight, bias, {**options, "gradient_accumulation_fusion": False,
+                                                     "tensor_parallel": 1, "sequence_parallel": False})
