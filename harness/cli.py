@@ -27,7 +27,7 @@ from rich.text import Text
 from safetensors import SafetensorError
 
 from harness import __version__
-from harness.case import REFERENCE_SIDE, load_cases, reseeded
+from harness.case import REFERENCE_SIDE, reseeded
 from harness.compare.case import compare_dumps
 from harness.compare.tree import compare_trees
 from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
@@ -44,6 +44,7 @@ from harness.gate import (
 )
 from harness.golden_policy import GoldenPolicy, from_update
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, RUN_FLOAT64_COPIES, check_input_size
+from harness.load import load_cases
 from harness.numerics import load_profile
 from harness.ops import reference_framework
 from harness.reports.html import write_reports, write_tree_report

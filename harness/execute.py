@@ -42,7 +42,7 @@ def _user_function(case: Case, target: str) -> tuple:
 def load_impl(case: Case, side: SideSpec, adapter: FrameworkAdapter) -> Impl:
     """The side's implementation: a built-in variant, or a user function (with its own backward, wrapped
     as one differentiable function of the framework)."""
-    impl = side.impl or adapter.default_impl
+    impl = side.implementation
     assert impl is not None  # case validation (OpFamily.validate) requires an impl where the adapter has no default
     if not side.is_user_function:
         return framework_impls(case.op, side.framework, case.source)[impl]
@@ -63,7 +63,7 @@ def _check_result(result, case: Case, side: SideSpec, adapter: FrameworkAdapter,
     where gradients are taken."""
     family = family_for(case.op, case.source)
     who = f"user function {side.impl}" if side.is_user_function else \
-        f"{side.framework} implementation {side.impl or adapter.default_impl}"
+        f"{side.framework} implementation {side.implementation}"
     kind, tensor_type = adapter.tensor_kind, adapter.tensor_type()
     names = list(family.upstream)
     expected = (f"expected {kind} ({names[0]}) or " if len(names) == 1 else "expected ") + \

@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, ValidationError, field_validator
 
-from harness.case import line_and_field, read_yaml
 from harness.errors import XfalignError, describe_value, validation_problem
 from harness.machine import cpu_isa, nvidia_smi
 from harness.schema import NAME_RULE, Strict, is_safe_name
+from harness.yamlio import line_and_field, read_yaml
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "portable-avx2"

@@ -175,7 +175,8 @@ def _session_pool(config):
 
 class CaseFile(pytest.File):
     def collect(self):
-        from harness.case import CaseError, load_cases
+        from harness.case import CaseError
+        from harness.load import load_cases
 
         try:
             cases = load_cases(self.path)

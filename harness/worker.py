@@ -105,7 +105,7 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
     mode = side.mode or adapter.default_mode
     timings["framework"] = side.framework
     meta = _start(case, profile, adapter, mode, side=job["side"], framework=side.framework,
-                  impl=side.impl or adapter.default_impl)
+                  impl=side.implementation)
     started = time.perf_counter()
     arrays = read_inputs(Path(job["inputs"]))
     timings["read_inputs_s"] = time.perf_counter() - started

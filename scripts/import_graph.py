@@ -17,12 +17,16 @@ from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 
-# Bottom to top. A module is in the layer of the longest prefix that names it; an import within one layer never
-# runs up. Modules of one package sit in different layers where the package spans them (compare's
-# expectations and findings are the vocabulary of the case schema; its comparisons of dumps and trees sit above).
+# Bottom to top. A module is in the layer of the longest prefix that names it (each module of harness/ itself by
+# its own name); an import within one layer never runs up. Modules of one package sit in different layers
+# where the package spans them (compare's expectations and findings are the vocabulary of the case schema; its
+# comparisons of dumps and trees sit above). The case file is read in three layers: the hardened YAML reader
+# (yamlio) beside schema, the strict base of every user format, at the bottom (profiles and maps use it too);
+# the schema (case) and sweep expansion above the frameworks (a side names one); loading (load: families, user
+# functions, profiles) above ops.
 LAYERS: list[tuple[str, ...]] = [
     ("harness.errors", "harness.dtypes", "harness.rounding", "harness.plugins", "harness.reaper", "harness.schema",
-     "harness.sharding"),
+     "harness.yamlio", "harness.sharding"),
     ("harness.machine",),
     ("harness.fingerprint",),
     ("harness.store",),
@@ -30,8 +34,9 @@ LAYERS: list[tuple[str, ...]] = [
      "harness.compare.heatmap", "harness.compare.pairs", "harness.compare.arbiter"),
     ("harness.numerics", "harness.golden_policy"),
     ("harness.frameworks",),
-    ("harness.case",),
+    ("harness.case", "harness.sweep"),
     ("harness.ops",),
+    ("harness.load",),
     ("harness.compare",),
     ("harness.inputs",),
     ("harness.capture",),
@@ -76,7 +81,9 @@ def layer_of(module: str) -> int:
     best, length = -1, -1
     for index, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
+            # a package covers its modules, but `harness` only itself: a new top-level module must be placed
+            covers = module == prefix or ("." in prefix and module.startswith(prefix + "."))
+            if covers and len(prefix) > length:
                 best, length = index, len(prefix)
     if best < 0:
         raise SystemExit(f"{module}: in no layer of scripts/import_graph.py LAYERS: add it")

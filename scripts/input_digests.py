@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from harness.case import load_cases
 from harness.inputs import generate_inputs
+from harness.load import load_cases
 from harness.store.digest import Digest
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -129,7 +129,8 @@ def test_normwise_of_an_all_zero_reference_holds_only_for_zeros():
 
 
 def test_an_expectation_naming_an_unknown_side_is_one_line_naming_file_line_field(write_case):
-    from harness.case import CaseError, load_cases
+    from harness.case import CaseError
+    from harness.load import load_cases
 
     path = write_case("""
         op: swiglu

@@ -21,13 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harness.inputs
-from harness.case import CaseError, InputSpec, load_case, load_cases
+from harness.case import CaseError, InputSpec
 from harness.cli import main
 from harness.compare.case import compare_dumps
 from harness.dtypes import to_numpy_dtype
 from harness.execute import UserFunctionError, execute
 from harness.frameworks import adapter_for
 from harness.inputs import check_input_size, generate_input, generate_inputs
+from harness.load import load_case, load_cases
 from harness.reports.html import report_file_names, write_reports
 
 from conftest import ROOT, SMALL_WEIGHTED
@@ -402,7 +403,8 @@ def test_module_user_function_is_checked_without_importing_a_framework(write_cas
     bad = write_case(user_case("torch.nn.functional:no_silu"), "bad.yaml")
     script = textwrap.dedent(f"""
         import sys
-        from harness.case import CaseError, load_case
+        from harness.case import CaseError
+        from harness.load import load_case
         assert load_case({str(path)!r}).sides["paddle"].impl == "torch.nn.functional:silu"
         try:
             load_case({str(bad)!r})
@@ -479,7 +481,7 @@ def test_broken_case_file_is_one_failed_item_and_others_are_collected(pytester):
     assert "broken.yaml:4: seed: duplicate key 'seed' (first at line 3)" in text
     assert "unparsable.yaml:5: (yaml): " in text
     assert "latin1.yaml:1: (file): not UTF-8 text" in text
-    assert "Traceback" not in text and "harness/case.py" not in text
+    assert "Traceback" not in text and "harness/load.py" not in text and "harness/yamlio.py" not in text
 
 
 def test_only_configured_case_paths_are_collected_by_a_plain_pytest(pytester):

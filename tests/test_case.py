@@ -2,8 +2,9 @@
 
 import pytest
 
-from harness.case import CaseError, load_case, load_cases
+from harness.case import CaseError
 from harness.cli import main
+from harness.load import load_case, load_cases
 
 from conftest import SMALL_WEIGHTED
 

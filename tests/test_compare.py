@@ -128,7 +128,8 @@ def test_bad_expectations_are_refused(value, words):
 
 
 def test_bad_expectation_in_a_case_file_is_one_line_naming_file_line_field(write_case):
-    from harness.case import CaseError, load_cases
+    from harness.case import CaseError
+    from harness.load import load_cases
 
     from conftest import CASE
 

@@ -5,8 +5,9 @@ file.py:Class, axis-permutation layouts, inputs without gradients, generated int
 import numpy as np
 import pytest
 
-from harness.case import CaseError, load_case
+from harness.case import CaseError
 from harness.inputs import generate_inputs
+from harness.load import load_case
 from harness.ops import OpFamily, family_for, framework_impls, known_families
 from harness.ops.family import Implementations, variant
 from harness.runner import run_case

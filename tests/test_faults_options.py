@@ -23,11 +23,12 @@ from test_capture_compare import one_ulp_in_weight, write_tree
 from test_faults_storage import TINY, cli, one_error_line
 
 import harness.inputs
-from harness.case import CaseError, load_cases
+from harness.case import CaseError
 from harness.cli import _check_run_options, _parser, usable_cores
 from harness.compare.findings import Finding
 from harness.gate import _step_golden, check_step
 from harness.inputs import check_input_size
+from harness.load import load_cases
 from harness.numerics import ProfileError, load_profile
 from harness.reports.html import MAX_FILE_STEM, safe_file_stem
 from harness.reports.text import CODE_CHANGED, INPUTS_CHANGED, finding_text, gate_lines

@@ -127,7 +127,7 @@ def test_safe_name():
 
 
 def test_timeout_resolution(write_case):
-    from harness.case import load_case
+    from harness.load import load_case
     from harness.runner import DEFAULT_SIDE_TIMEOUT_S, side_timeout
 
     assert DEFAULT_SIDE_TIMEOUT_S == 600
@@ -306,7 +306,7 @@ def test_side_that_exits_early_is_not_mistaken_for_an_old_dump(tmp_path, capsys)
 def test_timeout_kills_the_side_and_its_group(tmp_path, capsys, workers):
     """In this process, with the session's workers, so that a short --timeout does not include a framework
     import: the Paddle worker is started first (a fresh worker's first job counts its import)."""
-    from harness.case import load_case
+    from harness.load import load_case
     from harness.runner import run_case
 
     run_case(load_case(make_case(tmp_path / "warm")))  # the session's Paddle worker is up
@@ -446,7 +446,7 @@ def test_helpers_a_case_starts_end_with_the_case(tmp_path, workers, helpers, kin
     """With the session's workers (which live on): by the time run_case returns, what the user function
     started is gone and reaped, however it detached; a child of this process that the pool did not start
     is left alone."""
-    from harness.case import load_case
+    from harness.load import load_case
     from harness.runner import run_case
 
     bystander = subprocess.Popen(["sleep", "60"])
@@ -470,7 +470,7 @@ def test_helper_outside_the_group_of_a_worker_that_dies_is_killed(tmp_path, caps
 
 
 def test_timeout_kills_a_helper_outside_the_group(tmp_path, capsys, workers, helpers):
-    from harness.case import load_case
+    from harness.load import load_case
     from harness.runner import run_case
 
     run_case(load_case(make_case(tmp_path / "warm")))  # the session's Paddle worker is up
@@ -613,7 +613,7 @@ def swiglu(x, bias, probs, options):
 def test_a_frameworks_compile_pool_is_kept_for_the_next_case(tmp_path):
     """torch inductor's compile workers (a sidecar process) are started by one case and reused by the next:
     not the case's to end. They end with the worker."""
-    from harness.case import load_case
+    from harness.load import load_case
     from harness.runner import WorkerPool, run_case
 
     case = make_case(tmp_path, text=PAIR.replace("{framework: paddle, impl: 'f.py:swiglu'}",

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from harness.case import CaseError, load_case
+from harness.case import CaseError
 from harness.cli import main
 from harness.fingerprint import changed_fields
 from harness.gate import check
+from harness.load import load_case
 from harness.runner import run_case
 from harness.store.golden import Golden
 

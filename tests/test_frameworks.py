@@ -7,8 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.case import CaseError, load_case
+from harness.case import CaseError
 from harness.frameworks import adapter_for, known_frameworks
+from harness.load import load_case
 
 from conftest import SMALL_WEIGHTED
 
@@ -55,7 +56,7 @@ def test_registry_and_modes():
 
 def test_adapters_and_case_loading_import_no_framework():
     script = ("import sys\nfrom harness.frameworks import adapter_for, known_frameworks\n"
-              "from harness.case import load_cases\n"
+              "from harness.load import load_cases\n"
               "for name in known_frameworks(): adapter_for(name).modes\n"
               "load_cases('cases/linear.yaml')\n"
               "loaded = [m for m in ('torch', 'paddle', 'megatron') if m in sys.modules]\n"

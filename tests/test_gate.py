@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import yaml
 
-from harness.case import load_case
 from harness.cli import main
 from harness.compare.findings import GOLDEN, judged
 from harness.compare.pairs import originate
 from harness.gate import check
+from harness.load import load_case
 from harness.reports.text import finding_text
 from harness.runner import run_case
 from harness.store.digest import Digest

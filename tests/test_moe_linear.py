@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from harness.case import CaseError, load_cases
+from harness.case import CaseError
 from harness.cli import main
 from harness.compare.expectations import Bitwise, MaxUlp, Report
+from harness.load import load_cases
 
 MOE = """\
 op: moe_combine
@@ -148,7 +149,7 @@ def test_per_point_expectations(write_case):
 def test_golden_inputs_come_from_every_side_even_when_the_first_is_not_available(write_case):
     """The Paddle side (first here) cannot run fused_linear on CPU: the golden still records the inputs
     the Megatron side consumed, so the gate's input check stays on."""
-    from harness.case import load_case
+    from harness.load import load_case
     from harness.runner import run_case
     from harness.store.golden import Golden
 

@@ -6,8 +6,8 @@ the comparison of the two sides is arbitrated by it (comparison.reference set, e
 import numpy as np
 import pytest
 
-from harness.case import load_cases
 from harness.inputs import generate_inputs
+from harness.load import load_cases
 from harness.runner import run_case
 from harness.store.dump import Dump
 

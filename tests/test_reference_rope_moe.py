@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.case import load_cases
 from harness.inputs import generate_inputs
+from harness.load import load_cases
 from harness.ops import family_for, reference_impl
 from harness.runner import run_case
 

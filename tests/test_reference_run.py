@@ -7,8 +7,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from harness.case import REFERENCE_SIDE, load_cases
+from harness.case import REFERENCE_SIDE
 from harness.cli import main
+from harness.load import load_cases
 from harness.runner import NO_REFERENCE_RUN, WorkerPool, run_case
 
 CASE = """\

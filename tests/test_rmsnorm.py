@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.case import load_cases
+from harness.load import load_cases
 from harness.ops import NotAvailable, family_for
 
 from conftest import run_pinned

@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.case import load_cases
 from harness.inputs import generate_inputs
+from harness.load import load_cases
 from harness.ops import NotAvailable, family_for
 from harness.ops.rope import BSHD_TO_PADDLE, rotary_freqs
 

@@ -4,7 +4,8 @@ import shutil
 
 import pytest
 
-from harness.case import CaseError, load_case
+from harness.case import CaseError
+from harness.load import load_case
 from harness.runner import run_case
 
 from conftest import ROOT

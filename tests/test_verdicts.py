@@ -12,10 +12,11 @@ import pytest
 from rich.console import Console
 
 import harness
-from harness.case import ExpectSpec, load_cases
+from harness.case import ExpectSpec
 from harness.compare.case import compare_dumps
 from harness.compare.expectations import MaxUlp
 from harness.compare.pairs import originate
+from harness.load import load_cases
 from harness.reports.html import write_reports
 from harness.reports.json_report import write_json
 from harness.reports.terminal import print_comparison

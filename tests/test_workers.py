@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.case import load_case, load_cases
 from harness.errors import SideCrashed
+from harness.load import load_case, load_cases
 from harness.runner import WorkerPool, current_pool, run_case, run_cases
 
 from conftest import SMALL_WEIGHTED

@@ -60,12 +60,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
-from harness.case import line_and_field, read_yaml
 from harness.errors import XfalignError, describe_value, validation_problem
 from harness.store.digest import digests_of
 from harness.store.dump import Dump
 from harness.store.tree import Tree
 from harness.store.tree_format import TensorName
+from harness.yamlio import line_and_field, read_yaml
 
 MAP_FORMAT: Literal["xfalign-map/1"] = "xfalign-map/1"
 MAX_MAP_BYTES = 1 << 20
@@ -502,7 +502,7 @@ class TensorMap:
 
         made = self._translate(names, "b", fetch)
         tensors: dict[str, np.ndarray] = {}
-        result = MappedDump(copy.deepcopy(dump_b.meta), tensors, order=[])
+        result = MappedDump(copy.deepcopy(dump_b.meta), tensors, order=[], directory=dump_b.directory)
         fresh = {name: out.array for name, out in made.outputs.items() if out.array is not None and out.entry is None}
         fresh_digests = digests_of(fresh)
         meta_entries = []

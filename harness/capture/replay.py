@@ -23,60 +23,27 @@ Framework-neutral: the framework comes from the module (harness.frameworks adapt
 
 from __future__ import annotations
 
-import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.compare.pairs import Pair, originate
+from harness.capture.replay_exact import replay_exact
+from harness.capture.replay_run import ReplayError, ReplayResult, captured_parameter, first_line, run_modules
+from harness.compare.pairs import originate
 from harness.dtypes import dtype_name
-from harness.errors import XfalignError
 from harness.store.dump import Dump
 from harness.store.tree import Tree, read_tree
-from harness.store.tree_format import ROOT, TensorName, call_tensor, param_tensor
+from harness.store.tree_format import ROOT, TensorName, call_tensor
 
 if TYPE_CHECKING:
     from harness.capture.mapping import TensorMap
-    from harness.compare.replay import ExactReplay
     from harness.frameworks.base import FrameworkAdapter
 
-Verdict = Literal["inherited", "differs", "no counterpart"]
 # a parameter of A's dtype (left) loads exactly into one of these dtypes of B's
 EXACT_WIDENING = {"bfloat16": ("float32", "float64"), "float16": ("float32", "float64"), "float32": ("float64",)}
-
-
-class ReplayError(XfalignError):
-    """A replay that cannot run: the module call is not in A's capture, a tensor it needs is missing."""
-
-
-@dataclass
-class ReplayResult:
-    module_a: str
-    modules_b: list[str]
-    step: int
-    call: int
-    outputs: list[Pair]  # A's captured output vs B's replayed one, in A's names and layouts
-    params_loaded: bool  # every parameter under B's modules took A's value (else see not_loaded, or the adapter
-    # cannot load parameters and B's own were checked equal to A's)
-    not_replayed: list[str] = field(default_factory=list)  # A outputs that B's replay does not make
-    exact: ExactReplay | None = None  # replay(..., exact=True): each side against its module run in float64
-    not_loaded: list[str] = field(default_factory=list)  # B's parameters A's capture gives no value for: B's own used
-
-    @property
-    def verdict(self) -> Verdict:
-        """inherited: B's module makes A's outputs bitwise from A's inputs; differs: it does not; no
-        counterpart: none of A's outputs has a B counterpart in the map (replay the enclosing module)."""
-        if not self.outputs:
-            return "no counterpart"
-        return "inherited" if all(pair.bitwise for pair in self.outputs) else "differs"
-
-    @property
-    def first_difference(self) -> Pair | None:
-        return next((pair for pair in self.outputs if not pair.bitwise), None)
 
 
 def replay(module_b: Any, tree_a: str | Path | Tree, module_a: str, tensor_map: TensorMap | None = None,
@@ -117,28 +84,8 @@ def replay(module_b: Any, tree_a: str | Path | Tree, module_a: str, tensor_map: 
             pairs.append(originate(name, array, np.asarray(made_a[name])))
         result = ReplayResult(module_a, list(modules), step, call, pairs, params_loaded, missing, not_loaded=not_loaded)
         if exact:
-            from harness.capture.replay_exact import replay_exact
-
             result.exact = replay_exact(result, inputs_a, outputs_a, made_a, model_a, modules, dump, given_b, tensor_map)
     return result
-
-
-def run_modules(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict[str, np.ndarray], call: int) -> dict[str, np.ndarray]:
-    """Run each module (path -> object) on its inputs of call `call` in `arrays` (in its own names); a module
-    whose inputs `arrays` lacks takes the first one's. Its outputs' tensor leaves as arrays, by capture name."""
-    made: dict[str, np.ndarray] = {}
-    first_inputs: tuple[list, dict] | None = None
-    for path, module in modules.items():
-        args, kwargs = _call_arguments(arrays, path, call)
-        if not args and not kwargs and first_inputs is not None:
-            args, kwargs = first_inputs
-        first_inputs = first_inputs or (args, kwargs)
-        device = adapter.model_device(module)
-        output = module(*[adapter.to_tensor(a, device, False) for a in args],
-                        **{k: adapter.to_tensor(v, device, False) for k, v in kwargs.items()})
-        for slot, tensor in _leaves(output, adapter.tensor_type()):
-            made[call_tensor(path, call, "output", slot)] = adapter.to_numpy(tensor)
-    return made
 
 
 def _run_b(adapter: FrameworkAdapter, modules: dict[str, Any], arrays: dict[str, np.ndarray], module_a: str,
@@ -178,16 +125,6 @@ def _call_tensors(dump: Dump, module: str, call: int, role: str) -> dict[str, np
     return {name: np.asarray(dump.tensors[name]) for name in dump.names if name.startswith(prefix) and name in dump.tensors}
 
 
-def _call_arguments(arrays: dict[str, np.ndarray], module: str, call: int) -> tuple[list, dict]:
-    """B's positional inputs (input.0, input.1, ...) and keyword inputs of one call."""
-    prefix = call_tensor(module, call, "input", "")
-    slots = {name[len(prefix):]: array for name, array in arrays.items() if name.startswith(prefix)}
-    positional = sorted((int(slot), array) for slot, array in slots.items() if slot.isdigit())
-    if [index for index, _ in positional] != list(range(len(positional))):
-        raise ReplayError(f"replay: inputs of {module} call {call} are not numbered 0..n-1: {sorted(slots)}")
-    return [array for _, array in positional], {slot: array for slot, array in slots.items() if not slot.isdigit()}
-
-
 def _parameters_under(dump: Dump, module_a: str) -> dict[str, np.ndarray]:
     """A's stored parameters of `module_a` and of every module under it (the capture names each after the
     nearest selected module at or above it)."""
@@ -195,17 +132,6 @@ def _parameters_under(dump: Dump, module_a: str) -> dict[str, np.ndarray]:
     return {name: np.asarray(dump.tensors[name]) for name in dump.tensors
             if (parsed := TensorName.parse(name)) is not None and parsed.role == "param"
             and (module_a == ROOT or parsed.module == module_a or parsed.module.startswith(inside))}
-
-
-def captured_parameter(names: Collection[str], module: str, relative: str) -> str | None:
-    """The capture name among `names` of the parameter `relative` (a dotted path) of `module`: named after the
-    module it sits in, or any module above it (the nearest selected one, in the capture), deepest first."""
-    parts = ([] if module == ROOT else module.split(".")) + relative.split(".")
-    for k in range(len(parts) - 1, -1, -1):
-        name = param_tensor(".".join(parts[:k]) or ROOT, "param", ".".join(parts[k:]))
-        if name in names:
-            return name
-    return None
 
 
 def _b_parameters(adapter: FrameworkAdapter, modules: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
@@ -268,28 +194,6 @@ def _fitted(value: np.ndarray, own: np.ndarray, what: str) -> np.ndarray:
         return value.astype(own.dtype)
     raise ReplayError(f"{what} is {have}, A's value for it {given}, which {have} does not hold exactly: give B's "
                       f"module A's dtype ({given}) to replay it")
-
-
-def first_line(error: BaseException) -> str:
-    """The error's kind and its first line of words (Paddle's "(NotFound) ..." line where there is one)."""
-    lines = [line.strip() for line in str(error).splitlines() if any(c.isalpha() for c in line)]
-    text = next((line for line in lines if re.match(r"\(\w+\) ", line)), lines[0] if lines else "")
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _leaves(value: Any, tensor_type: type) -> list[tuple[str, Any]]:
-    """Tensor leaves of an output, numbered in order as the capture numbers them."""
-    found: list[tuple[str, Any]] = []
-
-    def walk(item: Any) -> None:
-        if isinstance(item, tensor_type):
-            found.append((str(len(found)), item))
-        elif isinstance(item, (tuple, list, dict)):
-            for child in item.values() if isinstance(item, dict) else item:
-                walk(child)
-
-    walk(value)
-    return found
 
 
 __all__ = ["ROOT", "ReplayError", "ReplayResult", "replay"]

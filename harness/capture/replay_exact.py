@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from harness.capture.replay import captured_parameter, first_line
+from harness.capture.replay_run import ReplayResult, captured_parameter, first_line, run_modules
 from harness.compare.arbiter import arbitrate
 from harness.compare.exact import ExactError, error_to_exact
 from harness.compare.pairs import originate
@@ -44,7 +44,6 @@ from harness.store.tree_format import ROOT
 
 if TYPE_CHECKING:
     from harness.capture.mapping import TensorMap
-    from harness.capture.replay import ReplayResult
     from harness.frameworks.base import FrameworkAdapter
 
 SIDES = ("A", "B")
@@ -58,8 +57,6 @@ def replay_exact(result: ReplayResult, inputs_a: dict[str, np.ndarray], outputs_
     """The float64 replay of `result`'s module call (module note). inputs_a, outputs_a: A's captured inputs and
     outputs of the call; made_a: B's replayed outputs in A's names; modules_b: B's modules (path -> object), A's
     parameters loaded; dump: A's captured step; given_b: A's inputs and parameters in B's names (what replay fed B)."""
-    from harness.capture.replay import run_modules
-
     notes: list[str] = []
     exact: dict[str, dict[str, np.ndarray]] = {}
     not_run: dict[str, str] = {}

@@ -7,15 +7,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import ValidationError
 
 from harness.case import REFERENCE_SIDE, ExpectSpec
 from harness.compare.arbiter import NOT_GIVEN, arbitrate
-from harness.compare.expectations import Expectation
+from harness.compare.expectations import Expectation, tag_names
 from harness.compare.findings import Finding
 from harness.compare.pairs import Pair, originate
-from harness.errors import XfalignError
+from harness.errors import XfalignError, field_text, validation_problem
 from harness.store.digest import Digest, StreamCheck
-from harness.store.dump import CheckedTensors, Dump
+from harness.store.dump import META_FILE, CheckedTensors, Dump, DumpError
 
 
 class InputMismatch(XfalignError):
@@ -104,11 +105,29 @@ class CaseComparison:
 NO_REFERENCE = NOT_GIVEN  # worded by harness.reports.text
 
 
+def recorded_expect(dump: Dump) -> ExpectSpec:
+    """The expectations the dump's case recorded (none: report every tensor); DumpError naming the dump's
+    meta.json and the field when they do not validate."""
+    case = dump.meta["case"]
+    if "expect" not in case:
+        return ExpectSpec()
+    try:
+        return ExpectSpec.model_validate(case["expect"])
+    except ValidationError as error:
+        location, message = validation_problem(error)
+        location = tuple(part for part in location if part not in tag_names())  # pydantic's, not the file's
+        raise DumpError(f"{dump.directory or 'dump'}: {META_FILE}: {field_text(('case', 'expect', *location))}: "
+                        f"{message}") from None
+
+
 def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None, exact: Dump | None = None,
                   exact_missing: str = NO_REFERENCE) -> CaseComparison:
     """`expect`: the case's expectations; by default those the dumps recorded. `exact`: the float64
     reference's dump (from the same inputs), the arbiter of every float tensor; without one, `exact_missing`
-    says why (shown as N/A)."""
+    says why (shown as N/A). A dump whose recorded expectations do not validate is refused (DumpError)."""
+    # read dumps first: a dump made in memory (a golden's view of a step) may carry a read one's case
+    for dump in sorted((d for d in (a, b, exact) if d is not None), key=lambda d: d.directory is None):
+        recorded_expect(dump)
     unavailable = {d.side: d.meta["unavailable"] for d in (a, b) if "unavailable" in d.meta}
     if unavailable:
         return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), [], {}, unavailable)
@@ -123,7 +142,7 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None, exact: Dum
         raise InputMismatch(f"sides {a.side!r} and {b.side!r} consumed different inputs ({', '.join(differing)}): "
                             "the dumps come from different cases or seeds")
     if expect is None:
-        expect = ExpectSpec(**a.meta["case"].get("expect", {}))
+        expect = recorded_expect(a)
     a_names = a.names
     known = set(a_names)
     names = a_names + [n for n in b.names if n not in known]

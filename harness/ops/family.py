@@ -143,9 +143,6 @@ class OpFamily(ABC):
         return list(self.upstream) + self.extra_outputs(case) + [f"grad.{n}" for n in self.grad_inputs(case)]
 
     def validate(self, case: Case) -> None:
-        from harness.frameworks import adapter_for
-
-
         self.options(case)
         needed = self.forward_inputs(case) + list(self.upstream.values())
         for name in needed:
@@ -163,7 +160,7 @@ class OpFamily(ABC):
                 raise FieldProblem(("sides", side_name, "framework"), f"op {self.name} has no {side.framework} "
                                    f"implementations (it has {', '.join(self.variants)})")
             variants = self.variants[side.framework]
-            impl = side.impl or adapter_for(side.framework).default_impl
+            impl = side.implementation
             if impl is None:
                 raise FieldProblem(("sides", side_name), f"impl is required: one of {', '.join(variants)} or module:function")
             if not side.is_user_function and impl not in variants:
