@@ -14,6 +14,7 @@ from harness.compare.expectations import Expectation
 from harness.compare.findings import Finding
 from harness.compare.pairs import Pair, originate
 from harness.errors import XfalignError
+from harness.frameworks import adapter_for
 from harness.store.digest import Digest, StreamCheck
 from harness.store.dump import CheckedTensors, Dump
 
@@ -29,7 +30,7 @@ class SideInfo:
     impl: str
     mode: str | None
     provenance: str
-    environment: dict  # the side's fingerprint; its "version_line" names what ran
+    environment: dict  # the side's fingerprint
     nondeterministic: dict[str, int]  # tensor -> distinct digests over repeats, where more than one
 
     @classmethod
@@ -37,6 +38,16 @@ class SideInfo:
         m = dump.meta
         return cls(m["side"], m["framework"], m["impl"], m.get("mode"), m["provenance"], m["environment"],
                    dump.nondeterministic)
+
+    @property
+    def versions(self) -> str | None:
+        """The versions of what ran, from the fingerprint's version fields (FrameworkAdapter.version_line);
+        None for a framework not installed here (its fingerprint still lists them)."""
+        try:
+            adapter = adapter_for(self.framework)
+        except KeyError:
+            return None
+        return adapter.version_line(self.environment)
 
 
 @dataclass
