@@ -69,7 +69,8 @@ class FrameworkAdapter(ABC):
 
     def pins_of(self, profile) -> Any:
         """This framework's section of the numerics profile (a `pins` model)."""
-        return getattr(profile, self.profile_section, None) or self.pins()
+        pins = getattr(profile, self.profile_section, None) if self.profile_section else None
+        return pins if pins is not None else self.pins()
 
     @abstractmethod
     def unavailable(self, device: str) -> str | None:
