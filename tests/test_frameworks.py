@@ -55,9 +55,10 @@ def test_registry_and_modes():
     assert torch_side.default_impl == "megatron" and paddle_side.default_impl is None and paddle_side.modes == ()
 
 
-def test_adapters_and_case_loading_import_no_framework():
+def test_adapters_case_loading_profiles_and_reports_import_no_framework():
     script = ("import sys\nfrom harness.frameworks import adapter_for, known_frameworks\n"
               "from harness.case import load_cases\n"
+              "import harness.fingerprint, harness.numerics, harness.reports.html\n"
               "for name in known_frameworks(): adapter_for(name).modes\n"
               "load_cases('cases/linear.yaml')\n"
               "loaded = [m for m in ('torch', 'paddle', 'megatron') if m in sys.modules]\n"
