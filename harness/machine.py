@@ -1,11 +1,14 @@
-"""Facts about this machine, each read in one place: the CPU's widest vector extension, the GPU (through
-nvidia-smi: the parent process imports no framework) and the versions of installed distributions."""
+"""Facts about this machine, each read in one place: the CPU (model and widest vector extension), the
+operating system and Python, the GPU (through nvidia-smi: the parent process imports no framework) and the
+installed distributions (which provides a package, their versions)."""
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import platform
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -15,6 +18,35 @@ def version_of(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+@functools.cache
+def _distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def distribution_of(package: str) -> str | None:
+    """The installed distribution that provides the top-level `package` (None: none does, a user's file)."""
+    found = _distributions().get(package)
+    return found[0] if found else None
+
+
+def python_version() -> str:
+    return platform.python_version()
+
+
+def operating_system() -> str:
+    return f"{platform.system()} {platform.machine()}"
+
+
+def cpu_model() -> str | None:
+    model = None
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return model or platform.processor() or None
 
 
 def cpu_isa() -> str:

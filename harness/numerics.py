@@ -1,20 +1,22 @@
 """Numerics profiles: what a run pins so that a CPU's instruction set does not decide its bits.
 
 A profile is a YAML file in harness/profiles/ (package data: an installed xfalign has them too), or a path
-relative to the case. It sets environment
-variables before a framework is imported and framework switches after; the framework adapter applies
-it in the worker and the dump's fingerprint records it. Cases name one with `numerics:`, a run with `--numerics`.
+relative to the case. It sets environment variables before a framework is imported and framework switches
+after: each framework's switches are its section of the profile (`torch:`, `paddle:`), whose model its
+adapter owns (FrameworkAdapter.pins) and applies in the worker; the dump's fingerprint records them. Cases
+name one with `numerics:`, a run with `--numerics`.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, StrictBool, StrictInt, ValidationError, field_validator
+from pydantic import ValidationError, create_model, field_validator
 
 from harness.errors import XfalignError, describe_value, validation_problem
+from harness.frameworks import adapter_for, known_frameworks
 from harness.machine import cpu_isa, nvidia_smi
 from harness.schema import NAME_RULE, Strict, is_safe_name
 from harness.yamlio import line_and_field, read_yaml
@@ -22,36 +24,20 @@ from harness.yamlio import line_and_field, read_yaml
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "portable-avx2"
 MAX_PROFILE_BYTES = 64 << 10  # a profile is a few lines a person writes
-MAX_THREADS = 1024
-# torch._inductor.config.cpp.simdlen picks the vector ISA of that bit width; any other value falls back to
-# no vectorization (or fails), which no profile means.
-SIMD_WIDTHS = Literal[128, 256, 512]
-Threads = Annotated[StrictInt, Field(ge=1, le=MAX_THREADS)]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FIELDS = "environment_class, env, torch, paddle"
 
 
 class ProfileError(XfalignError):
     """A profile that does not exist or does not validate; the message is one line `file:line: field: ...`."""
 
 
-class TorchPins(Strict):
-    mkldnn: StrictBool | None = None  # torch.backends.mkldnn.enabled
-    threads: Threads | None = None  # torch.set_num_threads
-    inductor_simdlen: SIMD_WIDTHS | None = None  # torch._inductor.config.cpp.simdlen (vector bits of compiled code)
+class _Profile(Strict):
+    """The fields of every profile; NumericsProfile adds one section per framework."""
 
-
-class PaddlePins(Strict):
-    threads: Threads | None = None
-
-
-class NumericsProfile(Strict):
     name: str
     description: str = ""
     environment_class: str | None = None  # None: the class is the CPU's own (cpu-native-<isa>)
     env: dict[str, str] = {}
-    torch: TorchPins = TorchPins()
-    paddle: PaddlePins = PaddlePins()
 
     @field_validator("environment_class")
     @classmethod
@@ -70,6 +56,27 @@ class NumericsProfile(Strict):
             if "\0" in value:
                 raise ValueError(f"{variable}: the value holds a NUL character")
         return env
+
+
+def _with_framework_sections() -> type[_Profile]:
+    """_Profile with each framework adapter's section (its `pins` model, every switch unset by default)."""
+    sections: dict[str, Any] = {}
+    for framework in known_frameworks():
+        adapter = adapter_for(framework)
+        if not adapter.profile_section:
+            continue
+        if sections.get(adapter.profile_section, (adapter.pins,))[0] is not adapter.pins:
+            raise TypeError(f"framework {framework}: another framework's pins use the profile section "
+                            f"{adapter.profile_section!r}")
+        sections[adapter.profile_section] = (adapter.pins, adapter.pins())
+    return create_model("NumericsProfile", __base__=_Profile, __module__=__name__, **sections)
+
+
+if TYPE_CHECKING:
+    NumericsProfile = _Profile
+else:
+    NumericsProfile = _with_framework_sections()
+FIELDS = ", ".join(name for name in NumericsProfile.model_fields if name not in ("name", "description"))
 
 
 def profile_path(name: str, relative_to: str | Path | None = None) -> Path:

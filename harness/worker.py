@@ -40,8 +40,9 @@ from harness.case import REFERENCE_SIDE, Case, SideSpec
 from harness.dtypes import FLOAT_DTYPES, dtype_name
 from harness.execute import SideOutput, execute
 from harness.frameworks import FrameworkAdapter, adapter_for
+from harness.frameworks.base import names_matching
 from harness.inputs import read_inputs
-from harness.numerics import NumericsProfile, environment_class
+from harness.numerics import NumericsProfile
 from harness.ops import NotAvailable, family_for, reference_impl
 from harness.reaper import kill_descendants, reap
 from harness.store.atomic import unsynced
@@ -70,8 +71,7 @@ def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile,
             for name, value in adapter.compile_stats().items():  # compilation inside the op (torch.compile)
                 timings[name] = timings.get(name, 0) + value - compiled.get(name, 0)
         runtime = adapter.runtime_fingerprint(device)
-    output.environment = (fingerprint.common(profile.name) | adapter.fingerprint(device, profile) | runtime
-                          | {"environment_class": environment_class(profile, [device])})
+    output.environment = fingerprint.assemble(adapter, device, profile, runtime)
     return output
 
 
@@ -86,8 +86,7 @@ def run_reference(case: Case, framework: str, arrays: dict, profile: NumericsPro
     with adapter.deterministic(False):
         output = execute(case, SideSpec(framework=framework, impl="float64"), widened, adapter, "cpu",
                          impl=reference_impl(case.op, framework, case.source))
-    output.environment = (fingerprint.common(profile.name) | adapter.fingerprint("cpu", profile)
-                          | adapter.runtime_fingerprint("cpu") | {"environment_class": environment_class(profile, ["cpu"])})
+    output.environment = fingerprint.assemble(adapter, "cpu", profile)
     return output
 
 
@@ -205,9 +204,9 @@ class _CaseState:
         os.environ.clear()
         os.environ.update(job.get("env") or self.environ)
         os.environ.update(job.get("profile_env") or {})
-        for name, value in self.environ.items():  # what the worker set before its import stays (cache dirs)
-            if name.startswith("TORCHINDUCTOR_") or name.startswith("TRITON_"):
-                os.environ.setdefault(name, value)
+        kept = names_matching(self.adapter.worker_env, list(self.environ)) if self.adapter else []
+        for name in kept:  # what the worker set before its import stays (cache dirs)
+            os.environ.setdefault(name, self.environ[name])
         if job.get("cwd"):
             os.chdir(job["cwd"])
 
@@ -281,7 +280,7 @@ def serve_one(job: dict, send: Callable[[dict], None], own_log: int) -> None:
     """Run one job in this long-lived worker, send its result record, and put the process back as it was.
     A job with a follow-up ("then": the case's float64 reference, in the same worker) sends two records: the
     side's as soon as its dump is written, then the follow-up's, which runs on the process put back as it
-    was before the side except for the Megatron group the side set up (held for it: harness.ops.megatron_group)."""
+    was before the side except for what the adapter holds for it (FrameworkAdapter.held_for_follow_up)."""
     timings: dict = {}
     started = time.perf_counter()
     follow = job.get("then")
@@ -338,12 +337,8 @@ def _not_run() -> dict:
 
 
 def _held_groups():
-    """Megatron's one-process group, when this worker has Megatron, kept from the side to its follow-up."""
-    if "megatron.core.parallel_state" not in sys.modules:
-        return nullcontext()
-    from harness.ops.megatron_group import hold
-
-    return hold()
+    """What the side sets up that its follow-up reuses (Megatron's one-process group), kept between them."""
+    return adapter_for(_Prepared.framework).held_for_follow_up() if _Prepared.framework else nullcontext()
 
 
 def serve(fd_in: int, fd_out: int) -> int:

@@ -40,7 +40,7 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from harness.capture import capture
-from harness.ops.megatron_group import one_process_group
+from harness.frameworks.megatron_group import one_process_group
 
 HASH_KERNELS = {"fast-torch": "torch"}  # a --hash variant -> XFALIGN_FAST_DIGEST_KERNEL while it runs
 

@@ -17,7 +17,7 @@ from bench_capture import build_layer
 from megatron.core import tensor_parallel
 
 from harness.capture import capture
-from harness.ops.megatron_group import one_process_group
+from harness.frameworks.megatron_group import one_process_group
 from harness.store.tree import read_tree
 
 

@@ -28,12 +28,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.errors", "harness.dtypes", "harness.rounding", "harness.plugins", "harness.reaper", "harness.schema",
      "harness.yamlio", "harness.sharding"),
     ("harness.machine",),
-    ("harness.fingerprint",),
     ("harness.store",),
     ("harness.compare.expectations", "harness.compare.findings", "harness.compare.exact", "harness.compare.metrics",
      "harness.compare.heatmap", "harness.compare.pairs", "harness.compare.arbiter"),
-    ("harness.numerics", "harness.golden_policy"),
+    ("harness.golden_policy",),
     ("harness.frameworks",),
+    ("harness.numerics",),  # a profile's framework sections are the adapters' pins
+    ("harness.fingerprint",),  # assembled from the machine, the adapter and the profile
     ("harness.case", "harness.sweep"),
     ("harness.ops",),
     ("harness.load",),

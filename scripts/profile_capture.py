@@ -36,8 +36,8 @@ from bench_capture import forward_backward, model_and_batch, train_step  # noqa:
 
 from harness.capture import api, capture  # noqa: E402
 from harness.frameworks import triton_digest  # noqa: E402
+from harness.frameworks.megatron_group import one_process_group  # noqa: E402
 from harness.frameworks.torch import TorchAdapter  # noqa: E402
-from harness.ops.megatron_group import one_process_group  # noqa: E402
 from harness.store.dump import Dump  # noqa: E402
 from harness.store.fast_hash import PendingDigest  # noqa: E402
 

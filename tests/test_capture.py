@@ -294,7 +294,7 @@ def test_megatron_column_parallel_linear_tuple_output_and_distributed_meta(torch
     from megatron.core import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear
 
-    from harness.ops.megatron_group import one_process_group
+    from harness.frameworks.megatron_group import one_process_group
 
     rng = np.random.default_rng(6)
     with one_process_group("cpu"):

@@ -77,7 +77,7 @@ def write_tree(path: Path, side: str, steps: int = 2, mode: str = "full", change
             change(step, tensors)
         info = CaptureInfo(step=step, mode=mode, root="MLP", modules=MODULES, records=records)
         meta = {"case": {}, "case_name": "capture", "side": side, "framework": side, "impl": "MLP",
-                "provenance": f"test tree ({side})", "environment": {"version_line": side}, "inputs": {},
+                "provenance": f"test tree ({side})", "environment": {"device": "cpu"}, "inputs": {},
                 "capture": info.model_dump(mode="json")}
         order = list(tensors)
         if mode == "digest":

@@ -295,15 +295,21 @@ def test_no_framework_names_in_generic_modules(path):
     assert not [word for word in words if re.search(r"megatron|paddle|torch", word, re.IGNORECASE)]
 
 
-def test_reports_print_the_version_line_a_dump_records(tmp_path):
+def test_reports_show_the_versions_a_fingerprint_records(tmp_path):
+    """Made from the fingerprint's version fields by the side's framework adapter; an old dump's version_line
+    (no longer recorded) is neither shown nor a fingerprint row."""
     a, b = known_diff_dumps(rows=16, cols=16)
-    a.meta["environment"]["version_line"] = "framework-a 1.2.3, core-lib 0.16.1"
+    a.meta["environment"] |= {"torch": "1.2.3", "megatron_core": "0.16.1", "version_line": "torch 0.0.1"}
+    b.meta["environment"] |= {"paddle": "3.0.0"}
     comparison = compare_dumps(a, b)
     out = Console(file=io.StringIO(), width=400, color_system=None)
     print_comparison(comparison, out)
-    assert "A megatron: fixture on cpu; framework-a 1.2.3, core-lib 0.16.1" in out.file.getvalue()
+    text = out.file.getvalue()
+    assert "A megatron: fixture on cpu; torch 1.2.3, megatron-core 0.16.1" in text and "B paddle: " in text
+    assert "; paddle 3.0.0" in text and "torch 0.0.1" not in text
     html = write_reports([comparison], tmp_path / "r.html").read_text()
-    assert "<div>framework-a 1.2.3, core-lib 0.16.1</div>" in html
+    assert "<div>torch 1.2.3, megatron-core 0.16.1</div>" in html and "<div>paddle 3.0.0</div>" in html
+    assert "version_line" not in html and "torch 0.0.1" not in html
 
 
 def test_case_comparison_status_and_first_divergent():

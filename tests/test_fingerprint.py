@@ -45,6 +45,7 @@ def test_every_dump_records_what_decides_its_bits(small_run):
         for name in ("cpu_model", "cpu_isa", "numpy", "ml_dtypes", "safetensors", "xfalign", "numerics_profile",
                      "environment_class", "env.MKL_CBWR", "env.OMP_NUM_THREADS"):
             assert fields.get(name) is not None, name
+        assert "version_line" not in fields
     for name in ("torch_cpu_capability", "torch_mkldnn_enabled", "onednn", "mkl", "torch_threads", "inductor_simdlen"):
         assert name in torch_side, name
     assert torch_side["torch_mkldnn_enabled"] is False and torch_side["torch_threads"] == 1  # the default profile's pins
@@ -66,6 +67,9 @@ def test_code_changed_only_when_every_field_is_equal(small_run):
     golden = Golden.from_run(small_run)
     golden.tensors["paddle"]["out"] = golden.tensors["paddle"]["grad.x"]
     assert check(small_run, golden).environment_changes == []  # all equal: the code changed
+    for side in golden.environment:  # a golden written before fingerprints stopped recording version_line
+        golden.environment[side]["version_line"] = "paddle 3.3.1"
+    assert check(small_run, golden).environment_changes == []
     del golden.environment["paddle"]["paddle_cpu_avx512f"]  # an older golden that did not record it
     recorded = small_run.dumps["paddle"].meta["environment"]["paddle_cpu_avx512f"]  # this CPU's: True where it has AVX-512
     assert isinstance(recorded, bool)
@@ -74,6 +78,7 @@ def test_code_changed_only_when_every_field_is_equal(small_run):
 
 def test_changed_fields_cover_fields_on_either_side():
     assert changed_fields({"a": 1, "gone": 2, "none": None}, {"a": 1, "new": 3}) == ["new", "gone", "none"]
+    assert changed_fields({"a": 1, "version_line": "torch 2.9"}, {"a": 1}) == []  # no longer recorded
 
 
 def test_deterministic_setting_is_recorded_as_it_was_while_the_op_ran(write_case):

@@ -1,5 +1,7 @@
 """Framework adapters: registered by entry point, importable without their framework, bit-exact tensors."""
 
+import ast
+import re
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ from harness.case import CaseError
 from harness.frameworks import adapter_for, known_frameworks
 from harness.load import load_case
 
-from conftest import SMALL_WEIGHTED
+from conftest import ROOT, SMALL_WEIGHTED
 
 # The adapters import their framework into this process: with the other in-process framework tests, in one
 # pytest-xdist process.
@@ -54,9 +56,10 @@ def test_registry_and_modes():
     assert torch_side.default_impl == "megatron" and paddle_side.default_impl is None and paddle_side.modes == ()
 
 
-def test_adapters_and_case_loading_import_no_framework():
+def test_adapters_case_loading_profiles_and_reports_import_no_framework():
     script = ("import sys\nfrom harness.frameworks import adapter_for, known_frameworks\n"
               "from harness.load import load_cases\n"
+              "import harness.fingerprint, harness.numerics, harness.reports.html\n"
               "for name in known_frameworks(): adapter_for(name).modes\n"
               "load_cases('cases/linear.yaml')\n"
               "loaded = [m for m in ('torch', 'paddle', 'megatron') if m in sys.modules]\n"
@@ -100,10 +103,54 @@ def test_torch_custom_function_runs_the_hand_written_backward():
     assert torch.equal(adapter.grad_of(x), y * 3.0)
 
 
-def test_fingerprint_has_a_version_line():
+def test_versions_are_fingerprint_fields_and_shown_from_them():
     from harness.numerics import load_profile
 
     profile = load_profile(None)
-    assert adapter_for("paddle").fingerprint("cpu", profile)["version_line"].startswith("paddle 3.")
-    line = adapter_for("megatron").fingerprint("cpu", profile)["version_line"]
-    assert line.startswith("torch 2.") and ", megatron-core 0." in line
+    paddle, megatron = adapter_for("paddle"), adapter_for("megatron")
+    fields = paddle.fingerprint("cpu", profile)
+    assert "version_line" not in fields and paddle.version_line(fields).startswith("paddle 3.")
+    fields = megatron.fingerprint("cpu", profile)
+    line = megatron.version_line(fields)
+    assert "version_line" not in fields and line.startswith("torch 2.") and ", megatron-core 0." in line
+
+
+def test_profile_sections_are_the_adapters_pins():
+    from harness.numerics import NumericsProfile
+
+    for framework in known_frameworks():
+        adapter = adapter_for(framework)
+        if adapter.profile_section:
+            assert NumericsProfile.model_fields[adapter.profile_section].annotation is adapter.pins
+
+
+def test_recorded_variables_are_the_adapters_and_the_libraries(monkeypatch):
+    from harness.fingerprint import numeric_env
+
+    for name in ("FLAGS_use_b", "FLAGS_use_a", "ATEN_CPU_CAPABILITY", "MKL_CBWR", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.setenv(name, "1")
+    recorded = numeric_env()
+    assert {"FLAGS_use_a", "FLAGS_use_b", "ATEN_CPU_CAPABILITY", "MKL_CBWR"} <= set(recorded)
+    assert recorded.index("FLAGS_use_a") < recorded.index("FLAGS_use_b") and "TORCHINDUCTOR_CACHE_DIR" not in recorded
+
+
+GENERIC = [path for path in sorted((ROOT / "harness").rglob("*.py"))
+           if path.relative_to(ROOT / "harness").parts[0] != "frameworks"
+           and not (path.parts[-3] == "ops" and path.name == "__init__.py")  # a family lists its implementations
+           and not (path.parts[-3] == "ops" and path.name in ("megatron.py", "paddle.py"))]
+
+
+@pytest.mark.parametrize("path", GENERIC, ids=lambda p: str(p.relative_to(ROOT / "harness")))
+def test_no_framework_names_in_code_outside_the_adapters(path):
+    """Identifiers, imports and strings that are not prose (no blank in them): docstrings and messages may say
+    which framework an idea comes from; code asks the adapters (harness.frameworks)."""
+    tree = ast.parse(path.read_text())
+    words = [node.value for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and not re.search(r"\s", node.value)]
+    words += [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)]
+    words += [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
+    words += [node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    words += [alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+              for alias in node.names] + [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    found = [w for w in words if re.search(r"megatron|paddle|torch|triton|inductor|dynamo|FLAGS_|ATEN_", w, re.I)]
+    assert not found

@@ -167,7 +167,7 @@ def test_megatron_mlp_capture_on_cuda_records_every_tensor(torch, tmp_path):
     from megatron.core.transformer.mlp import MLP, MLPSubmodules
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from harness.ops.megatron_group import one_process_group
+    from harness.frameworks.megatron_group import one_process_group
 
     with one_process_group("cuda"), torch.compiler.set_stance("force_eager"):
         tensor_parallel.random.model_parallel_cuda_manual_seed(0)

@@ -130,7 +130,7 @@ def test_a_hold_sets_megatrons_group_up_once_and_tears_it_down_when_it_ends(torc
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from harness.ops.megatron_group import hold, one_process_group
+    from harness.frameworks.megatron_group import hold, one_process_group
 
     with one_process_group("cpu"):
         assert parallel_state.model_parallel_is_initialized()

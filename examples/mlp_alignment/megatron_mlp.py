@@ -26,7 +26,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from harness.ops.megatron_group import one_process_group
+from harness.frameworks.megatron_group import one_process_group
 
 HIDDEN, FFN = 64, 128  # the demo's sizes (small: the fast tests run them)
 

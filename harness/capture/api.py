@@ -154,16 +154,13 @@ def _listed(value: Any, parameter: str, kinds: tuple[type, ...], what: str) -> l
     return items
 
 
-def _unsupported(tensor: Any) -> str | None:
+def _unsupported(adapter: FrameworkAdapter, tensor: Any) -> str | None:
     """What about `tensor` no dump holds (its layout, else its dtype), None when it can be recorded. Checked
     before the tensor is read: Paddle's .numpy() of a sparse tensor crashes the process, and of an fp8 one
     gives int8 values."""
-    is_sparse = getattr(tensor, "is_sparse", None)
-    if callable(is_sparse) and is_sparse():  # Paddle: a method
-        return "sparse"
-    layout = str(getattr(tensor, "layout", "torch.strided"))  # torch; Paddle's `layout` is a data layout (NCHW)
-    if not callable(is_sparse) and layout != "torch.strided":
-        return layout.rpartition(".")[2]
+    layout = adapter.unsupported_layout(tensor)
+    if layout is not None:
+        return layout
     dtype = str(getattr(tensor, "dtype", type(tensor).__name__)).rpartition(".")[2]  # torch.float32, paddle.float32
     return None if dtype in NUMPY_DTYPES else dtype
 
@@ -369,12 +366,10 @@ class Capture:
         write_text_atomic(self._target / MANIFEST_FILE, manifest.model_dump_json(indent=1) + "\n")
 
     def _environment(self) -> dict:
-        from harness.numerics import NumericsProfile, environment_class
+        from harness.numerics import NumericsProfile
 
         profile = NumericsProfile(name="unpinned", description="the training script's own process")
-        device = self.adapter.model_device(self.model)
-        return (fingerprint.common(profile.name) | self.adapter.fingerprint(device, profile)
-                | self.adapter.runtime_fingerprint(device) | {"environment_class": environment_class(profile, [device])})
+        return fingerprint.assemble(self.adapter, self.adapter.model_device(self.model), profile)
 
     def __enter__(self) -> Capture:
         if self._claimed is not None:
@@ -481,7 +476,7 @@ class Capture:
     def _submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
         """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
         (and a note in the step's meta) for a dtype or layout no dump holds."""
-        unsupported = _unsupported(tensor)
+        unsupported = _unsupported(self.adapter, tensor)
         if unsupported is not None:
             step.skipped.append(f"{name} ({unsupported})")
             return None

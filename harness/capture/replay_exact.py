@@ -3,12 +3,14 @@ output is closer to exact (`replay(..., exact=True, model_a=...)`; `ReplayResult
 
 - Each side's module is copied, the user's modules left as they are: a deep copy of its modules, parameters and
   buffers (other attributes, such as a config or a process group, are shared, not copied), widened exactly to
-  float64: torch `.double()`, Paddle `.to(dtype="float64")` (floating parameters and buffers; bfloat16,
-  float16 and float32 values are all float64 values). A's copy takes A's captured parameters (widened) where
+  float64 by its framework's adapter (FrameworkAdapter.float64_copy: torch `.double()`, Paddle
+  `.to(dtype="float64")`; floating parameters and buffers; bfloat16, float16 and float32 values are all
+  float64 values). A's copy takes A's captured parameters (widened) where
   the capture stored them; B's copy is made after replay loaded A's parameters into B's module (through the map).
 - Both copies are fed A's captured inputs widened exactly to float64 (B's through the map, as replay feeds B),
-  forward only (replay runs forward only), without autograd; torch eagerly (stance force_eager: a
-  torch.compile'd function runs its Python body, as the op cases' float64 reference does).
+  forward only (replay runs forward only), inside FrameworkAdapter.no_grad_eager: without autograd; torch
+  eagerly (stance force_eager: a torch.compile'd function runs its Python body, as the op cases' float64
+  reference does).
 - The exact value of an output is A's float64 output; B's (brought into A's names and layouts by the map) when
   A's copy cannot run or no A module is given. Each side's output (A's as captured, B's as replayed) is
   measured against it by harness.compare.arbiter.arbitrate (ULP to the correctly rounded value, normwise error
@@ -26,9 +28,7 @@ output is closer to exact (`replay(..., exact=True, model_a=...)`; `ReplayResult
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -67,13 +67,13 @@ def replay_exact(result: ReplayResult, inputs_a: dict[str, np.ndarray], outputs_
         adapter = _adapter(module)
         twin = _float64_copy(module, adapter)
         notes += _load_captured(twin, adapter, result.module_a, dump)
-        exact["A"] = _run(twin, lambda: run_modules(adapter, {result.module_a: twin}, _widened(inputs_a), result.call))
+        exact["A"] = _run(adapter, lambda: run_modules(adapter, {result.module_a: twin}, _widened(inputs_a), result.call))
     except _CannotRun as error:
         not_run["A"] = str(error)
     try:
         adapter = _adapter(next(iter(modules_b.values())))
         twins = {path: _float64_copy(module, adapter) for path, module in modules_b.items()}
-        made = _run(next(iter(twins.values())), lambda: run_modules(adapter, twins, _widened(given_b), result.call))
+        made = _run(adapter, lambda: run_modules(adapter, twins, _widened(given_b), result.call))
         exact["B"] = {name: np.asarray(array) for name, array in tensor_map.to_a(Dump({}, made)).tensors.items()}
     except _CannotRun as error:
         not_run["B"] = str(error)
@@ -137,12 +137,10 @@ def _float64_copy(module: Any, adapter: FrameworkAdapter) -> Any:
         twin = copy.deepcopy(module, shared)
     except Exception as error:  # noqa: BLE001 - whatever the module holds that cannot be copied: N/A, said why
         raise _CannotRun(f"cannot copy {type(module).__name__}: {first_line(error)}") from None
-    if _framework(twin) == "torch":
-        return twin.double()
-    if _framework(twin) == "paddle":
-        twin.to(dtype="float64")
-        return twin
-    raise _CannotRun(f"no float64 widening for a {type(module).__module__}.{type(module).__name__}")
+    try:
+        return adapter.float64_copy(twin)
+    except NotImplementedError:
+        raise _CannotRun(f"no float64 widening for a {type(module).__module__}.{type(module).__name__}") from None
 
 
 def _load_captured(twin: Any, adapter: FrameworkAdapter, module_a: str, dump: Dump) -> list[str]:
@@ -162,32 +160,13 @@ def _load_captured(twin: Any, adapter: FrameworkAdapter, module_a: str, dump: Du
     return [f"side A's parameters not stored in the capture, taken from the module given: {', '.join(kept)}"] if kept else []
 
 
-def _run(module: Any, forward: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Run `forward()` (on float64 copies, `module` one of them) without autograd, torch eagerly; a failure
-    is N/A, said why."""
-    with ExitStack() as stack:
-        if _framework(module) == "torch":
-            import torch
-
-            stack.enter_context(torch.no_grad())
-            stack.enter_context(torch.compiler.set_stance("force_eager"))
-        elif _framework(module) == "paddle":
-            import paddle
-
-            stack.enter_context(paddle.no_grad())
+def _run(adapter: FrameworkAdapter, forward: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run `forward()` (on float64 copies of `adapter`'s framework) without autograd, eagerly; a failure is
+    N/A, said why."""
+    with adapter.no_grad_eager():
         try:
             return forward()
         except Exception as error:  # noqa: BLE001 - a kernel without float64, and the like: N/A, said why
             raise _CannotRun(f"cannot run in float64: {first_line(error)}") from None
-
-
-def _framework(module: Any) -> str | None:
-    """"torch" for a torch.nn.Module, "paddle" for a paddle.nn.Layer (neither imported here if not loaded)."""
-    torch, paddle = sys.modules.get("torch"), sys.modules.get("paddle")
-    if torch is not None and isinstance(module, torch.nn.Module):
-        return "torch"
-    if paddle is not None and isinstance(module, paddle.nn.Layer):
-        return "paddle"
-    return None
 
 

@@ -15,6 +15,7 @@ from harness.compare.expectations import Expectation, tag_names
 from harness.compare.findings import Finding
 from harness.compare.pairs import Pair, originate
 from harness.errors import XfalignError, field_text, validation_problem
+from harness.frameworks import adapter_for
 from harness.store.digest import Digest, StreamCheck
 from harness.store.dump import META_FILE, CheckedTensors, Dump, DumpError
 
@@ -30,7 +31,7 @@ class SideInfo:
     impl: str
     mode: str | None
     provenance: str
-    environment: dict  # the side's fingerprint; its "version_line" names what ran
+    environment: dict  # the side's fingerprint
     nondeterministic: dict[str, int]  # tensor -> distinct digests over repeats, where more than one
 
     @classmethod
@@ -38,6 +39,16 @@ class SideInfo:
         m = dump.meta
         return cls(m["side"], m["framework"], m["impl"], m.get("mode"), m["provenance"], m["environment"],
                    dump.nondeterministic)
+
+    @property
+    def versions(self) -> str | None:
+        """The versions of what ran, from the fingerprint's version fields (FrameworkAdapter.version_line);
+        None for a framework not installed here (its fingerprint still lists them)."""
+        try:
+            adapter = adapter_for(self.framework)
+        except KeyError:
+            return None
+        return adapter.version_line(self.environment)
 
 
 @dataclass

@@ -3,16 +3,37 @@ the parent process (case loading, comparison, reports) can use adapters without 
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+from pydantic import Field, StrictInt
+
+from harness.schema import Strict
 
 if TYPE_CHECKING:
     from harness.store.fast_hash import PendingDigest
+
+MAX_THREADS = 1024
+Threads = Annotated[StrictInt, Field(ge=1, le=MAX_THREADS)]
+
+
+class Pins(Strict):
+    """A framework's section of a numerics profile (harness.numerics): the switches its adapter sets after
+    import. A subclass adds the fields; None leaves a switch as the framework sets it."""
+
+
+def names_matching(patterns: tuple[str, ...], names: list[str]) -> list[str]:
+    """The names that match `patterns` (a name, or a prefix ending in `*`): in the patterns' order, each
+    prefix's names sorted."""
+    found = []
+    for pattern in patterns:
+        found += sorted(fnmatch.filter(names, pattern)) if pattern.endswith("*") else [pattern] * (pattern in names)
+    return list(dict.fromkeys(found))
 
 
 class FrameworkAdapter(ABC):
@@ -20,6 +41,17 @@ class FrameworkAdapter(ABC):
     modes: tuple[str, ...] = ()  # execution modes a side may ask for; the first is the default
     default_impl: str | None = None  # the variant a side without `impl` runs
     tensor_kind: str = "a tensor"  # for messages: "expected a torch tensor"
+    # This framework's section of a numerics profile (`torch:`; "" for none) and the model that validates it.
+    profile_section: str = ""
+    pins: type[Pins] = Pins
+    # Environment variables that decide this framework's bits (names, or prefixes ending in `*`): recorded in
+    # every fingerprint.
+    numeric_env: tuple[str, ...] = ()
+    # Variables a worker sets before the framework's import that every case it serves keeps (cache folders),
+    # whatever the case's own environment says.
+    worker_env: tuple[str, ...] = ()
+    # The fingerprint fields that hold this framework's versions, with the names a report shows them under.
+    version_fields: Mapping[str, str] = {}
 
     @property
     def default_mode(self) -> str | None:
@@ -33,11 +65,17 @@ class FrameworkAdapter(ABC):
 
     @abstractmethod
     def apply_profile(self, profile) -> None:
-        """The profile's switches that are set after import (threads, backends)."""
+        """The profile's switches that are set after import (threads, backends): `pins_of(profile)`."""
+
+    def pins_of(self, profile) -> Any:
+        """This framework's section of the numerics profile (a `pins` model)."""
+        pins = getattr(profile, self.profile_section, None) if self.profile_section else None
+        return pins if pins is not None else self.pins()
 
     @abstractmethod
     def unavailable(self, device: str) -> str | None:
-        """Why this framework cannot run on `device` here (an N/A result), or None."""
+        """Why this framework cannot run on `device` here (an N/A result), or None: the one place that decides
+        whether a device can be used (a side on it is N/A otherwise)."""
 
     def use_device(self, device: str) -> None:
         """Make `device` the one new tensors and ops use."""
@@ -71,6 +109,11 @@ class FrameworkAdapter(ABC):
 
     def reset(self) -> None:
         """Undo what one case may have changed (for a worker reused across cases)."""
+
+    def held_for_follow_up(self) -> AbstractContextManager:
+        """A worker runs a side and then its follow-up (the case's float64 reference) inside this: what the
+        side set up that the follow-up reuses (a process group) is kept until it ends."""
+        return nullcontext()
 
     # -- tensors --------------------------------------------------------------------------------------
 
@@ -107,11 +150,16 @@ class FrameworkAdapter(ABC):
 
     @abstractmethod
     def fingerprint(self, device: str, profile) -> dict:
-        """Framework fields of the environment fingerprint, `version_line` included."""
+        """Framework fields of the environment fingerprint, its versions (`version_fields`) included."""
 
     def runtime_fingerprint(self, device: str) -> dict:
         """Settings an op may change while it runs: read right after its forward and backward."""
         return {}
+
+    def version_line(self, fingerprint: Mapping) -> str | None:
+        """The versions a fingerprint of this framework records, for a report's heading: "torch 2.9.0, ..."."""
+        shown = [f"{name} {fingerprint[field]}" for field, name in self.version_fields.items() if fingerprint.get(field)]
+        return ", ".join(shown) or None
 
     # -- capture inside models (harness.capture) -------------------------------------------------------
     # A framework that supports capture overrides these; the defaults say it does not.
@@ -127,6 +175,19 @@ class FrameworkAdapter(ABC):
     def own_parameters(self, module: Any) -> list[tuple[str, Any]]:
         """The parameters `module` holds itself (not those of its submodules)."""
         raise NotImplementedError(f"{self.name}: capture is not supported")
+
+    def unsupported_layout(self, tensor: Any) -> str | None:
+        """The tensor's layout when no dump can hold it (e.g. "sparse"), checked before the tensor is read."""
+        return None
+
+    def float64_copy(self, model: Any) -> Any:
+        """Widen `model`, a copy made for a float64 replay, to float64 in place (floating parameters and
+        buffers), and return it."""
+        raise NotImplementedError(f"{self.name}: no float64 widening")
+
+    def no_grad_eager(self) -> AbstractContextManager:
+        """A float64 replay's forward runs inside this: no autograd, and compiled functions run eagerly."""
+        return nullcontext()
 
     def load_parameter(self, param: Any, array: np.ndarray) -> None:
         """Overwrite `param` in place with the array's exact bits (same dtype and shape): replay loads the

@@ -4,10 +4,11 @@ execution modes (dygraph) and no default implementation (a side names its varian
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
-from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
+from harness.frameworks.base import FrameworkAdapter, Pins, Threads, as_returned, outputs_in_order
 from harness.machine import nvidia_smi
 
 # Paddle switches a case may flip (deterministic kernels, oneDNN): saved before each case in a long-lived
@@ -28,14 +29,25 @@ def _readable_flags() -> dict:
     return flags
 
 
+class PaddlePins(Pins):
+    """A numerics profile's `paddle:` section."""
+
+    threads: Threads | None = None  # paddle.base.core.set_num_threads
+
+
 class PaddleAdapter(FrameworkAdapter):
     tensor_kind = "a paddle tensor"
+    profile_section = "paddle"
+    pins = PaddlePins
+    numeric_env = ("FLAGS_*",)  # Paddle's switches (FLAGS_use_onednn, ...) set through the environment
+    version_fields = {"paddle": "paddle"}
 
     def apply_profile(self, profile) -> None:
         import paddle
 
-        if profile.paddle.threads is not None:
-            paddle.base.core.set_num_threads(profile.paddle.threads)
+        pins: PaddlePins = self.pins_of(profile)
+        if pins.threads is not None:
+            paddle.base.core.set_num_threads(pins.threads)
 
     def unavailable(self, device: str) -> str | None:
         import paddle
@@ -142,6 +154,21 @@ class PaddleAdapter(FrameworkAdapter):
     def own_parameters(self, module) -> list:
         return list(module.named_parameters(include_sublayers=False))
 
+    def unsupported_layout(self, tensor) -> str | None:
+        # a sparse tensor's .numpy() crashes the process (Paddle's `layout` is a data layout, NCHW: not this)
+        return "sparse" if tensor.is_sparse() else None
+
+    def float64_copy(self, model):
+        model.to(dtype="float64")
+        return model
+
+    @contextmanager
+    def no_grad_eager(self):
+        import paddle
+
+        with paddle.no_grad():  # dygraph: eager already
+            yield
+
     def load_parameter(self, param, array: np.ndarray) -> None:
         param.set_value(self.to_tensor(array, "cpu", False))
 
@@ -179,7 +206,7 @@ class PaddleAdapter(FrameworkAdapter):
         import paddle
 
         core = paddle.base.core
-        threads = profile.paddle.threads
+        threads = self.pins_of(profile).threads
         fields = {
             "paddle": paddle.__version__,
             "paddle_commit": paddle.version.commit,
@@ -194,5 +221,4 @@ class PaddleAdapter(FrameworkAdapter):
         if device == "cuda":
             fields |= {"cuda": paddle.version.cuda(), "cudnn": paddle.version.cudnn(),
                        "driver": nvidia_smi("driver_version")}
-        fields["version_line"] = f"paddle {paddle.__version__}"
         return fields

@@ -7,18 +7,30 @@ import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import StrictBool
 
 from harness.dtypes import dtype_name
-from harness.frameworks.base import FrameworkAdapter, as_returned, outputs_in_order
+from harness.frameworks.base import FrameworkAdapter, Pins, Threads, as_returned, outputs_in_order
 from harness.frameworks.digest_tables import device_table
 from harness.machine import cuda_library, nvidia_smi, version_of
 from harness.store import fast_hash
 from harness.store.fast_hash import SLOTS, PendingDigest, settled_digest
 
 INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
+# torch._inductor.config.cpp.simdlen picks the vector ISA of that bit width; any other value falls back to
+# no vectorization (or fails), which no profile means.
+SIMD_WIDTHS = Literal[128, 256, 512]
+
+
+class TorchPins(Pins):
+    """A numerics profile's `torch:` section."""
+
+    mkldnn: StrictBool | None = None  # torch.backends.mkldnn.enabled
+    threads: Threads | None = None  # torch.set_num_threads
+    inductor_simdlen: SIMD_WIDTHS | None = None  # torch._inductor.config.cpp.simdlen (vector bits of compiled code)
 
 
 class TorchAdapter(FrameworkAdapter):
@@ -30,6 +42,11 @@ class TorchAdapter(FrameworkAdapter):
     stance = "default"  # the torch.compiler stance set_mode chose (recorded in the fingerprint)
     default_impl = "megatron"
     tensor_kind = "a torch tensor"
+    profile_section = "torch"
+    pins = TorchPins
+    numeric_env = ("TORCHDYNAMO_DISABLE", "TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "ATEN_CPU_CAPABILITY")
+    worker_env = ("TORCHINDUCTOR_*", "TRITON_*")  # compile caches (INDUCTOR_CACHE)
+    version_fields = {"torch": "torch", "megatron_core": "megatron-core"}
 
     def before_import(self, profile, mode: str | None) -> None:
         super().before_import(profile, mode)
@@ -39,9 +56,9 @@ class TorchAdapter(FrameworkAdapter):
     def apply_profile(self, profile) -> None:
         import torch
 
-        pins = profile.torch
+        pins: TorchPins = self.pins_of(profile)
         if pins.mkldnn is not None:
-            torch.backends.mkldnn.enabled = pins.mkldnn
+            torch.backends.mkldnn.enabled = pins.mkldnn  # type: ignore[assignment]  # a ContextProp in the stubs
         if pins.threads is not None:
             torch.set_num_threads(pins.threads)
         if pins.inductor_simdlen is not None:
@@ -135,6 +152,14 @@ class TorchAdapter(FrameworkAdapter):
 
         torch.use_deterministic_algorithms(False)
 
+    def held_for_follow_up(self):
+        """Megatron's one-process group (harness.frameworks.megatron_group), where this worker has Megatron."""
+        if "megatron.core.parallel_state" not in sys.modules:
+            return super().held_for_follow_up()
+        from harness.frameworks.megatron_group import hold
+
+        return hold()
+
     # -- tensors --------------------------------------------------------------------------------------
 
     def to_tensor(self, array: np.ndarray, device: str, requires_grad: bool):
@@ -216,6 +241,23 @@ class TorchAdapter(FrameworkAdapter):
 
     def own_parameters(self, module) -> list:
         return list(module.named_parameters(recurse=False))
+
+    def unsupported_layout(self, tensor) -> str | None:
+        import torch
+
+        return None if tensor.layout == torch.strided else str(tensor.layout).rpartition(".")[2]
+
+    def float64_copy(self, model):
+        return model.double()
+
+    @contextmanager
+    def no_grad_eager(self):
+        import torch
+
+        # stance force_eager: a torch.compile'd function runs its Python body, as the op cases' float64
+        # reference does
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+            yield
 
     def load_parameter(self, param, array: np.ndarray) -> None:
         import torch
@@ -316,8 +358,6 @@ class TorchAdapter(FrameworkAdapter):
             fields |= {"compute_capability": f"{major}.{minor}", "driver": nvidia_smi("driver_version"),
                        "cuda": torch.version.cuda, "cublas": cuda_library("nvidia-cublas"),
                        "cudnn": torch.backends.cudnn.version()}
-        mcore = fields["megatron_core"]
-        fields["version_line"] = f"torch {torch.__version__}" + (f", megatron-core {mcore}" if mcore else "")
         return fields
 
     def runtime_fingerprint(self, device: str) -> dict:
@@ -425,8 +465,8 @@ def device_digest(tensor) -> PendingDigest:
 
 def _destroy_process_groups() -> None:
     """Megatron's parallel state and every torch.distributed group a case left behind; not the group a job
-    holds for its float64 reference (harness.ops.megatron_group.hold), torn down when the hold ends."""
-    group = sys.modules.get("harness.ops.megatron_group")
+    holds for its float64 reference (harness.frameworks.megatron_group.hold), torn down when the hold ends."""
+    group = sys.modules.get("harness.frameworks.megatron_group")
     if group is not None and group.holds_world():
         return
     megatron_state = sys.modules.get("megatron.core.parallel_state")

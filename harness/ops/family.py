@@ -3,14 +3,12 @@ per framework whose @variant functions (staticmethods) are checked against the f
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
 import numpy as np
@@ -20,7 +18,7 @@ from harness.case import Case
 from harness.compare.expectations import sides_named
 from harness.dtypes import FLOAT_DTYPES
 from harness.errors import validation_problem
-from harness.machine import version_of
+from harness.machine import distribution_of, version_of
 from harness.schema import FieldProblem
 from harness.sharding import Sharding
 
@@ -281,11 +279,6 @@ class Implementations:
         return {name: v.impl() for name, v in cls._variants().items()}
 
 
-@cache
-def _distributions() -> Mapping[str, list[str]]:
-    return importlib.metadata.packages_distributions()
-
-
 def code_origin(obj: Any) -> str | None:
     """"<distribution> <version>, <file>" for the installed file that defines obj; None when it belongs to
     no installed distribution (a user's file) or has no Python source."""
@@ -294,11 +287,11 @@ def code_origin(obj: Any) -> str | None:
     except TypeError:  # built-in or C code
         return None
     module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
-    distributions = _distributions().get((module or "").partition(".")[0])
-    if not path or not distributions:
+    distribution = distribution_of((module or "").partition(".")[0])
+    if not path or not distribution:
         return None
-    version = version_of(distributions[0])
-    return f"{distributions[0]} {version}, {path}" if version else None
+    version = version_of(distribution)
+    return f"{distribution} {version}, {path}" if version else None
 
 
 _DOTTED = re.compile(r"(?<![\w./-])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")

@@ -16,6 +16,7 @@ from harness.compare.pairs import FloatPair
 from harness.compare.tree import StepComparison, TreeComparison
 from harness.dtypes import to_numpy_dtype
 from harness.errors import safe_name, shortened
+from harness.fingerprint import RETIRED
 from harness.reports.text import (
     HEATMAP_AXES,
     NAN_INF,
@@ -155,11 +156,8 @@ def _finding_lines(result: TensorResult) -> list[dict]:
             + [{"text": line, "passed": True} for line in findings_lines(reported)])
 
 
-SHOWN_ELSEWHERE = ("version_line",)  # shown in the side's heading, not as a fingerprint row
-
-
 def _recorded(environment: dict) -> dict:
-    return {k: v for k, v in environment.items() if v not in (None, {}, "") and k not in SHOWN_ELSEWHERE}
+    return {k: v for k, v in environment.items() if v not in (None, {}, "") and k not in RETIRED}
 
 
 def fingerprint_view(a: SideInfo, b: SideInfo) -> dict:
@@ -179,7 +177,7 @@ def case_view(comparison: CaseComparison) -> dict:
     for label, side in (("A", comparison.a), ("B", comparison.b)):
         sides.append({"label": label, "name": side.name, "framework": side.framework, "impl": side.impl,
                       "mode": side.mode, "provenance": side.provenance,
-                      "versions": side.environment.get("version_line"),
+                      "versions": side.versions,
                       "nondeterministic": [nondeterministic_text(side.name, name, distinct)
                                            for name, distinct in side.nondeterministic.items()]})
     reference = comparison.reference

@@ -379,7 +379,7 @@ def side_text(label: str, side: SideInfo) -> str:
     mode = f" ({side.mode})" if side.mode else ""
     device = side.environment.get("device_name") or side.environment.get("device")
     where = f" on {device}" if device else ""  # a side that could not run records no environment
-    versions = side.environment.get("version_line")
+    versions = side.versions
     return f"{label} {side.name}: {side.impl}{mode}{where}" + (f"; {versions}" if versions else "")
 
 

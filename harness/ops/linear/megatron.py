@@ -8,9 +8,9 @@ import torch
 from megatron.core import tensor_parallel
 from megatron.core.model_parallel_config import ModelParallelConfig
 
+from harness.frameworks.megatron_group import model_parallel_group
 from harness.ops.family import Implementations, NotAvailable, reference, variant
 from harness.ops.linear import LinearFamily
-from harness.ops.megatron_group import model_parallel_group
 
 
 class LinearMegatron(Implementations, family=LinearFamily, framework="megatron"):

@@ -30,8 +30,8 @@ import torch
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from harness.frameworks.megatron_group import one_process_group
 from harness.ops.family import Implementations, NotAvailable, reference, variant
-from harness.ops.megatron_group import one_process_group
 from harness.ops.rope import RopeFamily
 
 
