@@ -27,7 +27,7 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -390,10 +390,22 @@ def obtained_path(directory: Path, case_name: str) -> Path:
     return Path(directory) / f"{file_stem(case_name)}{OBTAINED_SUFFIX}"
 
 
+def remove_obtained(directory: Path, case_name: str) -> None:
+    """Remove what a run that drifted from the golden of `case_name` left beside it (a run passes it now). Best
+    effort, as writing it."""
+    with suppress(OSError):
+        obtained_path(directory, case_name).unlink(missing_ok=True)
+
+
 def unused_goldens(directory: Path, names: list[str]) -> list[Path]:
     """The goldens in `directory` that none of `names` (cases, or tree steps) has: `--warn-unused`."""
     produced = {Golden.text_path(Path(directory), name).name for name in names}
     return sorted(path for path in Path(directory).glob("*.golden.yaml") if path.name not in produced)
+
+
+def environment_classes(root: Path) -> list[str]:
+    """The environment classes whose goldens a baseline folder holds (its folders)."""
+    return sorted(path.name for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
 
 
 def baseline_dir(root: Path, environment_class: str) -> Path:
