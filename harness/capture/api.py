@@ -20,11 +20,11 @@ and writes the step's dump while training goes on: the next `step()` waits for i
 being written while the next is recorded), and so do `flush()` and the end of the `with` block, which raise
 a write's error (CaptureWriteError, naming the step and the folder).
 
-The path is made absolute when the capture is made (training code may change its working directory). An
-earlier tree of the same side at the path is kept until the new capture's first step is complete: the new
-tree is written in a staging folder beside it and swapped in then. A capture object is entered once at a
-time, and a folder is written by one capture at a time (in this process, and across processes through an
-flock on the folder). Tensors of a dtype or layout no dump holds (fp8, sparse, ...) are left out, listed in
+The path is made absolute when the capture is made (training code may change its working directory). The
+tree is written by harness.store.tree.TreeWriter: an earlier tree of the same side at the path is kept until
+the new capture's first step is complete (the new tree is written in a staging folder beside it and swapped
+in then), and a folder is written by one capture at a time (in this process, and across processes through
+an flock on the folder). A capture object is entered once at a time. Tensors of a dtype or layout no dump holds (fp8, sparse, ...) are left out, listed in
 the step's meta (notes.capture): a capture never breaks the training step.
 """
 
