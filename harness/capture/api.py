@@ -24,8 +24,9 @@ The path is made absolute when the capture is made (training code may change its
 tree is written by harness.store.tree.TreeWriter: an earlier tree of the same side at the path is kept until
 the new capture's first step is complete (the new tree is written in a staging folder beside it and swapped
 in then), and a folder is written by one capture at a time (in this process, and across processes through
-an flock on the folder). A capture object is entered once at a time. Tensors of a dtype or layout no dump holds (fp8, sparse, ...) are left out, listed in
-the step's meta (notes.capture): a capture never breaks the training step.
+an flock on the folder). A capture object is entered once at a time. Tensors of a dtype or layout no dump
+holds (fp8, sparse, ...) are left out, listed in the step's meta (notes.capture): a capture never breaks the
+training step.
 """
 
 from __future__ import annotations

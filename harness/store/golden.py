@@ -107,6 +107,8 @@ Environment = Annotated[dict[str, Any], BeforeValidator(_none_is_empty)]
 
 
 class GoldenSide(BaseModel):
+    """One side of a golden: its fingerprint and its tensors' digests."""
+
     environment: Environment
     tensors: Digests  # in the side's order
 
@@ -115,7 +117,7 @@ class GoldenFile(BaseModel):
     """A `*.golden.yaml` file, field by field in the order written (unknown fields are dropped). Its `format`
     is its version: a reader checks it before anything else (GoldenFile.parse)."""
 
-    format: Literal["xfalign-golden/1"]
+    format: Literal["xfalign-golden/1"]  # FORMAT (every write validates it)
     case: str
     # the input generator (harness.store.dump.GENERATOR) that made the inputs; not written when there are none
     generator: Annotated[int, PlainValidator(_version_number)] | None = Field(None, exclude_if=lambda value: value is None)
