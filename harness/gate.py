@@ -8,7 +8,6 @@ golden, changed inputs, nondeterminism, a missing golden; changed fingerprint fi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -25,15 +24,14 @@ from harness.reports.text import environment_change_text, missing_class_text
 from harness.runner import CaseRun, critical
 from harness.store.digest import Digest
 from harness.store.dump import Dump, DumpError
-from harness.store.golden import TREE_GOLDEN_HEADER, Golden, GoldenMismatch, obtained_path
+from harness.store.golden import TREE_GOLDEN_HEADER, Golden, GoldenMismatch, environment_classes, remove_obtained
 from harness.store.tree import Tree
 from harness.store.tree_format import TensorName
 
 
 def missing_class_message(root: Path, environment_class: str, case_files: list[str]) -> str:
     """One line for a machine whose class has no goldens: which class it is, how to create them."""
-    present = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    return missing_class_text(root, environment_class, present, case_files)
+    return missing_class_text(root, environment_class, environment_classes(root), case_files)
 
 
 @dataclass
@@ -185,8 +183,7 @@ def settle(policy: GoldenPolicy, folder: Path, name: str, golden: Golden | None,
     elif result.drifted:
         result.obtained = current.write_obtained(folder)
     elif golden is not None:
-        with suppress(OSError):  # best effort, as writing it
-            obtained_path(folder, name).unlink(missing_ok=True)
+        remove_obtained(folder, name)
     return result
 
 

@@ -7,7 +7,6 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
 from harness.case import Case, CaseError, InputSpec
 from harness.dtypes import FLOAT_DTYPES, to_numpy_dtype
@@ -121,11 +120,3 @@ def generate_inputs(case: Case, max_input_gib: float | None = None) -> dict[str,
     """Every input of the case; first checks they fit in `max_input_gib` (default: MAX_INPUT_GIB)."""
     check_input_size(case, MAX_INPUT_GIB if max_input_gib is None else max_input_gib)
     return {name: generate_input(name, spec, case) for name, spec in case.inputs.items()}
-
-
-def write_inputs(arrays: dict[str, np.ndarray], path: Path) -> None:
-    save_file(arrays, path)
-
-
-def read_inputs(path: Path) -> dict[str, np.ndarray]:
-    return load_file(path)

@@ -46,11 +46,11 @@ import harness
 from harness.case import REFERENCE_SIDE, Case
 from harness.compare.case import CaseComparison, compare_dumps
 from harness.errors import Interrupted, OutputError, SideCrashed, safe_name
-from harness.inputs import generate_inputs, write_inputs
+from harness.inputs import generate_inputs
 from harness.numerics import NumericsProfile, environment_class, load_profile
 from harness.ops import family_for, reference_framework
 from harness.reaper import claim, kill_descendants, sweep
-from harness.store.dump import Dump, DumpError
+from harness.store.dump import INPUTS_FILE, Dump, DumpError, write_inputs
 
 # Per side, from the job's start (for a worker started for that job: from the worker's start, framework
 # import and compilation included); `--timeout` on the command line, else a case's `timeout`, else this.
@@ -648,7 +648,7 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
         # absolute before any user code runs: a side that changes its working directory cannot move its dump
         dump_dirs = {side: Path(path).absolute() for side, path in (dump_dirs or {
             side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)}).items()}
-        inputs_file = workdir / "inputs.safetensors"
+        inputs_file = workdir / INPUTS_FILE
         try:
             write_inputs(generate_inputs(case, max_input_gib), inputs_file)
         except (OSError, SafetensorError) as error:

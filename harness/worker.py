@@ -41,13 +41,12 @@ from harness.dtypes import FLOAT_DTYPES, dtype_name
 from harness.execute import SideOutput, execute
 from harness.frameworks import FrameworkAdapter, adapter_for
 from harness.frameworks.base import names_matching
-from harness.inputs import read_inputs
 from harness.numerics import NumericsProfile
 from harness.ops import NotAvailable, family_for, reference_impl
 from harness.reaper import kill_descendants, reap
 from harness.store.atomic import unsynced
 from harness.store.digest import Digest
-from harness.store.dump import GENERATOR, Dump
+from harness.store.dump import GENERATOR, Dump, read_inputs
 
 _WARNINGS = ".*(Transformer Engine|Apex|ccache).*"
 

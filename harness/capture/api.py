@@ -20,19 +20,18 @@ and writes the step's dump while training goes on: the next `step()` waits for i
 being written while the next is recorded), and so do `flush()` and the end of the `with` block, which raise
 a write's error (CaptureWriteError, naming the step and the folder).
 
-The path is made absolute when the capture is made (training code may change its working directory). An
-earlier tree of the same side at the path is kept until the new capture's first step is complete: the new
-tree is written in a staging folder beside it and swapped in then. A capture object is entered once at a
-time, and a folder is written by one capture at a time (in this process, and across processes through an
-flock on the folder). Tensors of a dtype or layout no dump holds (fp8, sparse, ...) are left out, listed in
-the step's meta (notes.capture): a capture never breaks the training step.
+The path is made absolute when the capture is made (training code may change its working directory). The
+tree is written by harness.store.tree.TreeWriter: an earlier tree of the same side at the path is kept until
+the new capture's first step is complete (the new tree is written in a staging folder beside it and swapped
+in then), and a folder is written by one capture at a time (in this process, and across processes through
+an flock on the folder). A capture object is entered once at a time. Tensors of a dtype or layout no dump
+holds (fp8, sparse, ...) are left out, listed in the step's meta (notes.capture): a capture never breaks the
+training step.
 """
 
 from __future__ import annotations
 
-import fcntl
 import fnmatch
-import glob
 import os
 import re
 import sys
@@ -55,15 +54,13 @@ from harness.dtypes import NUMPY_DTYPES
 from harness.errors import OutputError, XfalignError
 from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
 from harness.schema import MAX_NAME_CHARS, NAME_RULE, is_safe_name
-from harness.store.atomic import fsync_dir, fsync_file, remove_tree, replace_dir, staging_dir, unsynced, write_text_atomic
 from harness.store.digest import digest_entry
-from harness.store.dump import Dump, DumpTargetError
+from harness.store.dump import Dump
 from harness.store.fast_hash import HASHES, PendingDigest, fast_entry
 from harness.store.stats import tensor_stats
-from harness.store.tree import read_tree
+from harness.store.tree import TreeBusyError, TreeWriter
 from harness.store.tree_format import (
     CAPTURE_FORMAT,
-    MANIFEST_FILE,
     MODES,
     ROOT,
     CaptureInfo,
@@ -85,13 +82,6 @@ class CaptureError(XfalignError):
 class CaptureWriteError(OutputError, OSError):
     """A step or the manifest that cannot be written (a full disk, no permission): names the step and the
     folder. An OSError too, as the write's own error was before. Its __cause__ is the write's own error."""
-
-
-# the folders captures of this process are writing (an flock does the same across processes)
-_WRITING: set[Path] = set()
-_WRITING_LOCK = threading.Lock()
-# the names xfalign writes in a tree: the manifest, step folders, and the hidden staging names of their atomic writes
-_TREE_ENTRY = re.compile(r"^(capture\.json|step-\d+|\.(capture\.json|step-\d+)\..+)$")
 
 
 def adapter_of(model: Any) -> FrameworkAdapter:
@@ -165,22 +155,6 @@ def _unsupported(adapter: FrameworkAdapter, tensor: Any) -> str | None:
     return None if dtype in NUMPY_DTYPES else dtype
 
 
-def _lock(folder: Path) -> int | None:
-    """An exclusive flock on `folder`, held (by the descriptor returned) while the capture writes there;
-    CaptureError if another process holds it; None where the file system has no flock."""
-    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        raise CaptureError(f"capture {folder}: another process is capturing into it; wait for it to end or give "
-                           "another path") from None
-    except OSError:  # no flock on this file system: only this process's captures are refused
-        os.close(descriptor)
-        return None
-    return descriptor
-
-
 @contextmanager
 def _writing(what: str, after: str = "") -> Iterator[None]:
     """A write that fails (a full disk, no permission) as a CaptureWriteError naming `what`, with the operating
@@ -249,7 +223,6 @@ class Capture:
             raise CaptureError(f"capture: refetch needs mode 'digests-then-full', not {mode!r}")
         self.provenance = provenance
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
-        self.steps_written: list[str] = []
         self.rank: int | None = None
         self.world_size: int | None = None
         self._lock = threading.Lock()
@@ -260,9 +233,7 @@ class Capture:
         self._steps = 0  # steps handed to the writer
         self._step = _Step()
         self.folder = self.path  # where this process's tree goes: a rank's folder in it, with several ranks
-        self._claimed: Path | None = None  # the folder, in _WRITING while this capture writes it
-        self._locks: list[int] = []  # flocked descriptors: the folder's, and the staging folder's
-        self._staging: Path | None = None  # where steps go until the first is complete, over an earlier tree
+        self._tree: TreeWriter | None = None  # writes the folder while the capture is entered
         self._warned_skipped = False  # tensors left out are warned about once per capture (each step's meta lists them)
 
     # -- setup ------------------------------------------------------------------------------------------
@@ -299,71 +270,11 @@ class Capture:
         self.full = {path: self.mode == "full" or any(fnmatch.fnmatchcase(_module_name(path), glob) for glob in self.refetch)
                      for path in self.modules}
 
-    def _claim(self) -> None:
-        """Make the folder this capture's alone: refused if a capture of this process writes it, else
-        created if missing and flocked (refused if another process holds it)."""
-        folder = self.folder
-        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-            raise DumpTargetError(f"capture {folder}: exists and is not a folder")
-        key = folder.resolve()
-        with _WRITING_LOCK:
-            if key in _WRITING:
-                raise CaptureError(f"capture {folder}: another capture of this process is writing there; end its "
-                                   "`with` block first, or give another path")
-            _WRITING.add(key)
-        self._claimed = key
-        folder.mkdir(parents=True, exist_ok=True)
-        self._hold(folder)
-
-    def _hold(self, folder: Path) -> None:
-        descriptor = _lock(folder)
-        if descriptor is not None:
-            self._locks.append(descriptor)
-
-    def _release(self) -> None:
-        for descriptor in self._locks:
-            fcntl.flock(descriptor, fcntl.LOCK_UN)  # for a process forked meanwhile too, which shares the lock
-            os.close(descriptor)
-        self._locks = []
-        if self._claimed is not None:
-            with _WRITING_LOCK:
-                _WRITING.discard(self._claimed)
-            self._claimed = None
-
-    def _prepare_folder(self) -> None:
-        """Check what the (claimed) folder holds: nothing, or an earlier capture tree of this side and nothing
-        else. Over an earlier tree the steps go to a staging folder until the first is complete; one a killed
-        capture of this folder left (it holds a capture.json; no other capture writes here now) is removed."""
-        folder = self.folder
-        for stale in folder.parent.glob(f".{glob.escape(folder.name)}.*.tmp"):
-            if (stale / MANIFEST_FILE).is_file():
-                remove_tree(stale)
-        if not any(folder.iterdir()):
-            return
-        if not (folder / MANIFEST_FILE).is_file():
-            raise DumpTargetError(f"capture {folder}: exists and is not a capture tree (no {MANIFEST_FILE}); "
-                                  f"refusing to write there")
-        earlier = read_tree(folder).manifest
-        if earlier.side != self.side:
-            raise DumpTargetError(f"capture {folder}: holds a capture of side {earlier.side!r}, not {self.side!r}; "
-                                  f"refusing to replace it")
-        foreign = sorted(entry.name for entry in folder.iterdir() if not _TREE_ENTRY.match(entry.name))
-        if foreign:
-            raise DumpTargetError(f"capture {folder}: holds files xfalign did not write ({', '.join(foreign[:5])}); "
-                                  "refusing to replace the capture there (move them, or give another path)")
-        self._staging = staging_dir(folder)
-        self._hold(self._staging)
-
-    @property
-    def _target(self) -> Path:
-        """Where steps and the manifest are written now: the staging folder until the first step is complete."""
-        return self._staging or self.folder
-
-    def _write_manifest(self) -> None:
-        manifest = CaptureManifest.model_validate({
+    def _manifest(self) -> CaptureManifest:
+        """The tree's manifest (its steps: the TreeWriter's)."""
+        return CaptureManifest.model_validate({
             "format": CAPTURE_FORMAT, "xfalign": __version__, "side": self.side, "framework": self.adapter.name,
-            "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": self.steps_written})
-        write_text_atomic(self._target / MANIFEST_FILE, manifest.model_dump_json(indent=1) + "\n")
+            "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": []})
 
     def _environment(self) -> dict:
         from harness.numerics import NumericsProfile
@@ -372,7 +283,7 @@ class Capture:
         return fingerprint.assemble(self.adapter, self.adapter.model_device(self.model), profile)
 
     def __enter__(self) -> Capture:
-        if self._claimed is not None:
+        if self._tree is not None:
             raise CaptureError(f"capture {self.folder}: this capture is active already (its `with` block has not "
                                "ended); enter a capture once at a time")
         self.rank, self.world_size = self.adapter.distributed() or (None, None)
@@ -380,12 +291,14 @@ class Capture:
         self.folder = self.path / rank_folder(self.rank or 0) if many else self.path
         self.root = type(self.model).__name__
         self._select()
-        self.steps_written, self._steps = [], 0
+        self._steps = 0
         try:
+            self._tree = TreeWriter(self.folder, self._manifest())
             with _writing(f"to {self.folder}"):
-                self._claim()
-                self._prepare_folder()
-                self._write_manifest()
+                try:
+                    self._tree.open()
+                except TreeBusyError as busy:
+                    raise CaptureError(str(busy)) from None
             self.environment = self._environment()
             self.provenance = self.provenance or self._provenance()
             self._tensor = self.adapter.tensor_type()
@@ -413,9 +326,9 @@ class Capture:
             error.add_note(f"xfalign capture: writing step {self._steps - 1} also failed: {cause}")
 
     def _close(self) -> BaseException | None:
-        """Remove every hook, drop the work of an unfinished step, wait for the last step's write, make the
-        written steps durable, remove a staging folder no step completed (the earlier tree stays) and let the
-        folder go; the write's error, if one failed."""
+        """Remove every hook, drop the work of an unfinished step, wait for the last step's write and close the
+        tree (TreeWriter.close: the steps written made durable, the folder let go); the write's error, if one
+        failed."""
         for remove in self._removers + self._step.grad_hooks:
             remove()
         self._removers, self._step = [], _Step()
@@ -424,33 +337,20 @@ class Capture:
             self.flush()
         except BaseException as error:  # noqa: BLE001 - handed to __exit__, which raises it or notes it
             failed = error
-        if self._staging is not None:  # no step was completed: the earlier tree stays as it was
-            remove_tree(self._staging)
-            self._staging, self.steps_written = None, []
-        try:
-            with _writing(f"{self.folder} to disk (fsync)"):
-                self._sync_written()
-        except CaptureWriteError as error:
-            failed = failed or error
+        if self._tree is not None:
+            try:
+                with _writing(f"{self.folder} to disk (fsync)"):
+                    self._tree.close()
+            except CaptureWriteError as error:
+                failed = failed or error
+            self._tree = None
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        self._release()
         return failed
-
-    def _sync_written(self) -> None:
-        """fsync the steps the writer left unsynced, the manifest, and the folder's swap into place."""
-        for name in self.steps_written:
-            for path in (self.folder / name).iterdir():
-                fsync_file(path)
-            fsync_dir(self.folder / name)
-        if self.steps_written:
-            fsync_file(self.folder / MANIFEST_FILE)
-            fsync_dir(self.folder)
-            fsync_dir(self.folder.parent)
 
     def flush(self) -> None:
         """Wait until every step handed to `step()` is written; raise the error of a write that failed."""
@@ -562,7 +462,8 @@ class Capture:
 
     def step(self) -> Path:
         """End the step: record the parameter gradients, start moving the fast digests to the host and hand
-        the step to the writer, which writes step-0000k (atomic) and the manifest; the folder it will be.
+        the step to the writer thread, which writes step-0000k and the manifest (TreeWriter.write_step); the
+        folder it will be.
         Call it after the backward pass and before the gradients are zeroed (or changed in place)."""
         step = self._step
         if self._pool is None or self._writer is None:
@@ -589,13 +490,13 @@ class Capture:
 
     def _write(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
         """The writer thread's part of a step: its meta (while the device may still be digesting), the
-        digests' values, then the dump and the manifest, atomic but not fsynced (`_close` makes them durable,
-        all at once: an fsync per file and step cost a small model's step several times over)."""
-        kept = "; the earlier capture there is kept" if self._staging is not None else ""
-        with unsynced(), _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
-            self._write_unsynced(step, index, pending, rows)
+        digests' values, then the dump, handed to the TreeWriter."""
+        assert self._tree is not None
+        kept = "; the earlier capture there is kept" if self._tree.replacing else ""
+        with _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
+            self._write_step(self._tree, step, index, pending, rows)
 
-    def _write_unsynced(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
+    def _write_step(self, tree: TreeWriter, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
         meta = self._meta(step, index)
         if rows is not None:
             for started, row in zip(pending, rows(), strict=True):
@@ -611,13 +512,7 @@ class Capture:
             else:
                 tensors[name], stats[name] = array, work.result()
         # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
-        dump = Dump(meta, tensors, unstored=unstored, stats=stats, order=order)
-        folder = dump.write(self._target / step_folder(index), validate=False)
-        self.steps_written.append(folder.name)
-        self._write_manifest()
-        if self._staging is not None:  # the first step is complete: the new tree replaces the earlier one
-            replace_dir(self._staging, self.folder)
-            self._staging = None
+        tree.write_step(index, Dump(meta, tensors, unstored=unstored, stats=stats, order=order), validate=False)
 
     def _meta(self, step: _Step, index: int) -> dict:
         info = CaptureInfo.model_validate({

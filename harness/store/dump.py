@@ -30,6 +30,7 @@ DUMP_FILES = (TENSORS_FILE, META_FILE)  # all a dump folder holds: anything else
 # float64 draws with ml_dtypes' astype (whose float64 -> bfloat16 rounding changed between 0.6.0 and 0.7.0);
 # version 2 rounds them with harness.rounding, which depends on nothing installed.
 GENERATOR = 2
+INPUTS_FILE = "inputs.safetensors"  # a case's generated inputs, as the runner hands them to its sides' workers
 _FAST64 = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -181,6 +182,15 @@ def read_meta(directory: Path) -> dict:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise DumpError(f"{directory}: unknown dump format {found!r}")
     return validated_meta(meta, str(directory))
+
+
+def write_inputs(arrays: dict[str, np.ndarray], path: Path) -> None:
+    """A case's generated inputs (harness.inputs), for its sides' workers to read (read_inputs)."""
+    save_file(arrays, path)
+
+
+def read_inputs(path: Path) -> dict[str, np.ndarray]:
+    return load_file(path)
 
 
 def recorded_generator(record: Mapping[str, Any]) -> int | None:

@@ -11,10 +11,13 @@ and a hash of the whole name).
 
 A golden is written as a unit: the values file under its new name, then the YAML replaced in one step,
 then the case's other values files removed; readers follow the YAML's reference, so the YAML and the
-values it names always agree. Writers of one folder take turns (an flock on the folder). The YAML names
-its format (`format: xfalign-golden/1`) and the version of the input generator that made the inputs
-(`generator:`, harness.store.dump.GENERATOR; unrecorded: 1): a golden of another generator is reported as
-such, not as drift of every tensor.
+values it names always agree. Writers of one folder take turns (an flock on the folder).
+
+The YAML is a GoldenFile (a pydantic model, as Megatron-LM's functional tests' GoldenValues), read and written
+through it. It names its format (`format: xfalign-golden/1`), its version: a golden of another format is refused
+in one line naming both. It names the version of the input generator that made the inputs (`generator:`,
+harness.store.dump.GENERATOR; unrecorded: 1): a golden of another generator is reported as such, not as drift
+of every tensor.
 """
 
 from __future__ import annotations
@@ -24,18 +27,19 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
 import yaml
+from pydantic import BaseModel, BeforeValidator, Field, PlainSerializer, PlainValidator, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from harness.errors import OutputError, XfalignError, describe_value, field_text, safe_name, shortened
-from harness.schema import FieldProblem
 from harness.store.atomic import fsync_dir, pause, stage_file, write_atomic
 from harness.store.digest import Digest, verify
 from harness.store.dump import GENERATOR, Dump, DumpError, IntegrityError, recorded_generator
@@ -68,39 +72,107 @@ def _digest_text(d: Digest) -> str:
     return f"{d.dtype} [{', '.join(map(str, d.shape))}] " + (d.md5 if d.md5 is not None else f"fast64:{d.fast64}")
 
 
-def _parse_digest(text: str) -> Digest:
-    match = _DIGEST_LINE.match(text)
-    if not match:
-        raise ValueError(f"not a digest line: {text!r}")
+def _digest_of_line(value: Any) -> Digest:
+    if isinstance(value, Digest):
+        return value
+    match = _DIGEST_LINE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise PydanticCustomError("digest_line", "not a digest line (dtype [shape] md5), got {got}",
+                                  {"got": describe_value(value)})
     shape = tuple(int(n) for n in match[2].split(",") if n.strip())
     return Digest(match[1], shape, match[3], fast64=match[4])
 
 
-def _field(data: Any, path: tuple, kind: type) -> Any:
-    """The value at `path` in a golden's YAML, of type `kind` (an empty mapping may be written as nothing)."""
-    value = data
-    for depth, key in enumerate(path):
-        if not isinstance(value, dict):
-            raise FieldProblem(path[:depth], f"a mapping expected, got {describe_value(value)}")
-        if key not in value:
-            raise FieldProblem(path[:depth + 1], "missing")
-        value = value[key]
-    if value is None and kind is dict:
-        return {}
-    if not isinstance(value, kind):
-        raise FieldProblem(path, f"{'a mapping' if kind is dict else 'text'} expected, got {describe_value(value)}")
+def _version_number(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError("version_number", "{got} is not a version number", {"got": repr(value)})
     return value
 
 
-def _digests(data: Any, path: tuple) -> dict[str, Digest]:
-    """The digest lines at `path` (name: `dtype [shape] md5`)."""
-    digests = {}
-    for name, line in _field(data, path, dict).items():
+def _values_file(value: Any) -> str | None:
+    """A values file beside the golden: a plain file name (no path), `*.safetensors`; None: digests only."""
+    if value is None or (isinstance(value, str) and Path(value).name == value and value.endswith(".safetensors")):
+        return value
+    raise PydanticCustomError("values_file", "{got} is not a values file name", {"got": repr(value)})
+
+
+def _none_is_empty(value: Any) -> Any:
+    return {} if value is None else value  # `inputs:` with nothing under it: an empty mapping
+
+
+DigestLine = Annotated[Digest, PlainValidator(_digest_of_line), PlainSerializer(_digest_text)]
+Digests = Annotated[dict[str, DigestLine], BeforeValidator(_none_is_empty)]
+# A side's fingerprint (harness.fingerprint): field -> value, open (the fields are the framework adapters' to name)
+Environment = Annotated[dict[str, Any], BeforeValidator(_none_is_empty)]
+
+
+class GoldenSide(BaseModel):
+    """One side of a golden: its fingerprint and its tensors' digests."""
+
+    environment: Environment
+    tensors: Digests  # in the side's order
+
+
+class GoldenFile(BaseModel):
+    """A `*.golden.yaml` file, field by field in the order written (unknown fields are dropped). Its `format`
+    is its version: a reader checks it before anything else (GoldenFile.parse)."""
+
+    format: Literal["xfalign-golden/1"]  # FORMAT (every write validates it)
+    case: str
+    # the input generator (harness.store.dump.GENERATOR) that made the inputs; not written when there are none
+    generator: Annotated[int, PlainValidator(_version_number)] | None = Field(None, exclude_if=lambda value: value is None)
+    values: Annotated[str | None, PlainValidator(_values_file)]
+    inputs: Digests
+    sides: Annotated[dict[str, GoldenSide], BeforeValidator(_none_is_empty)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unrecorded_generator(cls, data: Any) -> Any:
+        """A golden written before the generator was recorded: 1 when it has inputs (recorded_generator)."""
+        if isinstance(data, dict) and "generator" not in data:
+            return {**data, "generator": recorded_generator(data)}
+        return data
+
+    @classmethod
+    def parse(cls, text: str, where: Path) -> GoldenFile:
+        """The golden in `text` (the file `where`). Not one is a GoldenError of one line naming the file and the
+        field: `x.golden.yaml: not a readable golden (sides.paddle.tensors: missing)`; a golden of another format
+        names the format found and the one this xfalign reads."""
         try:
-            digests[name] = _parse_digest(line)
-        except (ValueError, TypeError):
-            raise FieldProblem((*path, name), f"not a digest line (dtype [shape] md5), got {describe_value(line)}") from None
-    return digests
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            problem = getattr(error, "problem", None) or _one_line(error)
+            raise GoldenError(f"{where}: not a readable golden (not YAML"
+                              f"{f' at line {mark.line + 1}' if mark else ''}: {problem})") from None
+        version = data.get("format") if isinstance(data, dict) else None
+        if isinstance(version, str) and version != FORMAT:  # a later format may differ in any other field
+            raise GoldenError(f"{where}: golden format {version!r}; this xfalign reads {FORMAT!r}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise GoldenError(f"{where}: not a readable golden ({_problem(error)})") from None
+
+    def text(self, header: str) -> str:
+        """The file's text: `header` (the comment line on top), then the YAML."""
+        return header + yaml.safe_dump(self.model_dump(), sort_keys=False, width=120)
+
+
+# what a golden's field holds when it holds something else, by pydantic's error type
+_EXPECTED = {"model_type": "a mapping", "dict_type": "a mapping", "string_type": "text",
+             "literal_error": "text"}  # `format` not text (text of another format is told apart before)
+
+
+def _problem(error: ValidationError) -> str:
+    """The first problem of a golden that does not validate, as `field: what is wrong`."""
+    first = error.errors()[0]
+    if first["type"] == "missing":
+        message = "missing"
+    elif first["type"] in _EXPECTED:
+        message = f"{_EXPECTED[first['type']]} expected, got {describe_value(first['input'])}"
+    else:
+        message = first["msg"]
+    return f"{field_text(first['loc'])}: {message}"
 
 
 class GoldenError(DumpError):
@@ -186,19 +258,22 @@ class Golden:
             generator=max(generators, default=GENERATOR),
         )
 
+    @classmethod
+    def of_file(cls, file: GoldenFile) -> Golden:
+        """The golden a file holds (its values not read)."""
+        return cls(file.case, dict(file.inputs), {side: dict(s.environment) for side, s in file.sides.items()},
+                   {side: dict(s.tensors) for side, s in file.sides.items()}, None, generator=file.generator)
+
+    def to_file(self, values: str | None) -> GoldenFile:
+        """The file of this golden; `values` is the name of the values file it goes with (None: digests only)."""
+        return GoldenFile.model_validate({
+            "format": FORMAT, "case": self.case, "generator": self.generator, "values": values, "inputs": self.inputs,
+            "sides": {side: {"environment": self.environment[side], "tensors": tensors}
+                      for side, tensors in self.tensors.items()}})
+
     def to_yaml(self, values: str | None = None) -> str:
         """The YAML; `values` is the name of the values file it goes with (None: digests only)."""
-        data = {
-            "format": FORMAT,
-            "case": self.case,
-            **({"generator": self.generator} if self.generator is not None else {}),
-            "values": values,
-            "inputs": {name: _digest_text(d) for name, d in self.inputs.items()},
-            "sides": {side: {"environment": self.environment[side],
-                             "tensors": {name: _digest_text(d) for name, d in tensors.items()}}
-                      for side, tensors in self.tensors.items()},
-        }
-        return self.header + yaml.safe_dump(data, sort_keys=False, width=120)
+        return self.to_file(values).text(self.header)
 
     @staticmethod
     def text_path(directory: Path, case_name: str) -> Path:
@@ -263,41 +338,12 @@ class Golden:
 
     @classmethod
     def _parse(cls, text: str, text_path: Path, case_name: str) -> tuple[Golden, Path | None]:
-        """The golden in `text`, and the values file to read with it (None: none). A malformed one is a
-        GoldenError naming the field: `x.golden.yaml: not a readable golden (sides.paddle.tensors: missing)`."""
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            problem = getattr(error, "problem", None) or _one_line(error)
-            raise GoldenError(f"{text_path}: not a readable golden (not YAML"
-                              f"{f' at line {mark.line + 1}' if mark else ''}: {problem})") from None
-        try:
-            version = _field(data, ("format",), str)
-            sides = _field(data, ("sides",), dict)
-            golden = cls(
-                _field(data, ("case",), str),
-                _digests(data, ("inputs",)),
-                {side: _field(data, ("sides", side, "environment"), dict) for side in sides},
-                {side: _digests(data, ("sides", side, "tensors")) for side in sides},
-                None,
-                generator=recorded_generator(data),
-            )
-            reference = _field(data, ("values",), object)
-        except FieldProblem as problem:
-            raise GoldenError(f"{text_path}: not a readable golden ({field_text(problem.path)}: {problem.message})") from None
-        if version != FORMAT:
-            raise GoldenError(f"{text_path}: golden format {version!r}; this xfalign reads {FORMAT!r}")
-        if golden.case != case_name:
-            raise GoldenMismatch(f"{text_path}: holds the golden of case {golden.case!r}, not {case_name!r} "
+        """The golden in `text`, and the values file to read with it (None: none); GoldenFile.parse's errors."""
+        file = GoldenFile.parse(text, text_path)
+        if file.case != case_name:
+            raise GoldenMismatch(f"{text_path}: holds the golden of case {file.case!r}, not {case_name!r} "
                                  "(two case names that make one file name: rename one)")
-        if golden.generator is not None and not isinstance(golden.generator, int):
-            raise GoldenError(f"{text_path}: generator: {golden.generator!r} is not a version number")
-        if reference is None:
-            return golden, None
-        if not isinstance(reference, str) or Path(reference).name != reference or not reference.endswith(".safetensors"):
-            raise GoldenError(f"{text_path}: values: {reference!r} is not a values file name")
-        return golden, text_path.parent / reference
+        return cls.of_file(file), None if file.values is None else text_path.parent / file.values
 
     @classmethod
     def read(cls, directory: Path, case_name: str) -> Golden | None:
@@ -346,10 +392,22 @@ def obtained_path(directory: Path, case_name: str) -> Path:
     return Path(directory) / f"{file_stem(case_name)}{OBTAINED_SUFFIX}"
 
 
+def remove_obtained(directory: Path, case_name: str) -> None:
+    """Remove what a run that drifted from the golden of `case_name` left beside it (a run passes it now). Best
+    effort, as writing it."""
+    with suppress(OSError):
+        obtained_path(directory, case_name).unlink(missing_ok=True)
+
+
 def unused_goldens(directory: Path, names: list[str]) -> list[Path]:
     """The goldens in `directory` that none of `names` (cases, or tree steps) has: `--warn-unused`."""
     produced = {Golden.text_path(Path(directory), name).name for name in names}
     return sorted(path for path in Path(directory).glob("*.golden.yaml") if path.name not in produced)
+
+
+def environment_classes(root: Path) -> list[str]:
+    """The environment classes whose goldens a baseline folder holds (its folders)."""
+    return sorted(path.name for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
 
 
 def baseline_dir(root: Path, environment_class: str) -> Path:

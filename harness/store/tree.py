@@ -1,17 +1,23 @@
-"""Reading a capture tree (harness.store.tree_format): its manifest, its steps (each an xfalign dump) and,
-for a capture of several ranks, the tree of each rank."""
+"""A capture tree (harness.store.tree_format): reading one (its manifest, its steps, each an xfalign dump, and,
+for a capture of several ranks, the tree of each rank), and writing one step by step (TreeWriter)."""
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import json
+import os
+import re
+import threading
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.errors import field_text, validation_problem
+from harness.errors import XfalignError, field_text, validation_problem
 from harness.schema import NAME_RULE, is_safe_name
-from harness.store.dump import Dump, DumpError, read_meta
-from harness.store.tree_format import MANIFEST_FILE, CaptureManifest
+from harness.store.atomic import fsync_dir, fsync_file, remove_tree, replace_dir, staging_dir, unsynced, write_text_atomic
+from harness.store.dump import Dump, DumpError, DumpTargetError, read_meta
+from harness.store.tree_format import MANIFEST_FILE, CaptureManifest, step_folder
 
 
 class TreeError(DumpError):
@@ -115,3 +121,160 @@ class Tree:
 def read_tree(path: str | Path) -> Tree:
     """The capture tree at `path`; TreeError (a DumpError, one line naming the path) if it is not one."""
     return Tree(path)
+
+
+# -- writing --------------------------------------------------------------------------------------------
+
+class TreeBusyError(XfalignError):
+    """A tree folder that another writer (a capture of this process, or another process) is writing."""
+
+
+# the folders writers of this process are writing (an flock does the same across processes)
+_WRITING: set[Path] = set()
+_WRITING_LOCK = threading.Lock()
+# the names a tree holds: the manifest, step folders, and the hidden staging names of their atomic writes
+_TREE_ENTRY = re.compile(r"^(capture\.json|step-\d+|\.(capture\.json|step-\d+)\..+)$")
+
+
+def _lock(folder: Path) -> int | None:
+    """An exclusive flock on `folder`, held (by the descriptor returned) while the tree is written there;
+    TreeBusyError if another process holds it; None where the file system has no flock."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise TreeBusyError(f"capture {folder}: another process is capturing into it; wait for it to end or give "
+                            "another path") from None
+    except OSError:  # no flock on this file system: only this process's writers are refused
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+class TreeWriter:
+    """Writes the capture tree at `folder` (a rank's folder, with several ranks) step by step: `open`, then
+    `write_step` per step, then `close`. The manifest (its `steps` left to the writer) is rewritten after each
+    step. An earlier tree of the same side at the folder is kept until the first step is complete: the steps
+    go to a staging folder beside it, swapped in then. Steps and manifest are written atomic but not fsynced
+    (an fsync per file and step cost a small model's step several times over): `close` makes them durable, all
+    at once. A folder is written by one writer at a time (in this process, and across processes through an
+    flock on the folder)."""
+
+    def __init__(self, folder: Path, manifest: CaptureManifest):
+        self.folder = folder
+        self.manifest = manifest
+        self.steps: list[str] = []  # the step folders written
+        self._claimed: Path | None = None  # the folder, in _WRITING while this writer writes it
+        self._locks: list[int] = []  # flocked descriptors: the folder's, and the staging folder's
+        self._staging: Path | None = None  # where steps go until the first is complete, over an earlier tree
+
+    def open(self) -> None:
+        """Claim the folder, check what it holds and write the manifest (no step yet). TreeBusyError: another
+        writer holds the folder; DumpTargetError: it holds something other than an earlier tree of this side."""
+        self._claim()
+        self._prepare_folder()
+        self._write_manifest()
+
+    @property
+    def replacing(self) -> bool:
+        """Whether an earlier tree at the folder is kept until the first step is complete."""
+        return self._staging is not None
+
+    def write_step(self, index: int, dump: Dump, validate: bool = True) -> Path:
+        """Write `dump` as step `index` (see Dump.write for `validate`), then the manifest; the first step
+        complete replaces an earlier tree. The step's folder in the tree."""
+        with unsynced():
+            written = dump.write(self._target / step_folder(index), validate=validate)
+            self.steps.append(written.name)
+            self._write_manifest()
+            if self._staging is not None:
+                replace_dir(self._staging, self.folder)
+                self._staging = None
+        return self.folder / written.name
+
+    def close(self) -> None:
+        """Remove a staging folder no step completed (the earlier tree stays as it was), make the steps written
+        durable (an OSError if that fails) and let the folder go."""
+        try:
+            if self._staging is not None:
+                remove_tree(self._staging)
+                self._staging, self.steps = None, []
+            self._sync_written()
+        finally:
+            self._release()
+
+    def _claim(self) -> None:
+        """Make the folder this writer's alone: refused if a writer of this process writes it, else created if
+        missing and flocked (refused if another process holds it)."""
+        folder = self.folder
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise DumpTargetError(f"capture {folder}: exists and is not a folder")
+        key = folder.resolve()
+        with _WRITING_LOCK:
+            if key in _WRITING:
+                raise TreeBusyError(f"capture {folder}: another capture of this process is writing there; end its "
+                                    "`with` block first, or give another path")
+            _WRITING.add(key)
+        self._claimed = key
+        folder.mkdir(parents=True, exist_ok=True)
+        self._hold(folder)
+
+    def _hold(self, folder: Path) -> None:
+        descriptor = _lock(folder)
+        if descriptor is not None:
+            self._locks.append(descriptor)
+
+    def _release(self) -> None:
+        for descriptor in self._locks:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)  # for a process forked meanwhile too, which shares the lock
+            os.close(descriptor)
+        self._locks = []
+        if self._claimed is not None:
+            with _WRITING_LOCK:
+                _WRITING.discard(self._claimed)
+            self._claimed = None
+
+    def _prepare_folder(self) -> None:
+        """Check what the (claimed) folder holds: nothing, or an earlier capture tree of this side and nothing
+        else. Over an earlier tree the steps go to a staging folder until the first is complete; one a killed
+        writer of this folder left (it holds a capture.json; no other writer writes here now) is removed."""
+        folder = self.folder
+        for stale in folder.parent.glob(f".{glob.escape(folder.name)}.*.tmp"):
+            if (stale / MANIFEST_FILE).is_file():
+                remove_tree(stale)
+        if not any(folder.iterdir()):
+            return
+        if not (folder / MANIFEST_FILE).is_file():
+            raise DumpTargetError(f"capture {folder}: exists and is not a capture tree (no {MANIFEST_FILE}); "
+                                  f"refusing to write there")
+        earlier = read_tree(folder).manifest
+        if earlier.side != self.manifest.side:
+            raise DumpTargetError(f"capture {folder}: holds a capture of side {earlier.side!r}, not "
+                                  f"{self.manifest.side!r}; refusing to replace it")
+        foreign = sorted(entry.name for entry in folder.iterdir() if not _TREE_ENTRY.match(entry.name))
+        if foreign:
+            raise DumpTargetError(f"capture {folder}: holds files xfalign did not write ({', '.join(foreign[:5])}); "
+                                  "refusing to replace the capture there (move them, or give another path)")
+        self._staging = staging_dir(folder)
+        self._hold(self._staging)
+
+    @property
+    def _target(self) -> Path:
+        """Where steps and the manifest are written now: the staging folder until the first step is complete."""
+        return self._staging or self.folder
+
+    def _write_manifest(self) -> None:
+        manifest = self.manifest.model_copy(update={"steps": list(self.steps)})
+        write_text_atomic(self._target / MANIFEST_FILE, manifest.model_dump_json(indent=1) + "\n")
+
+    def _sync_written(self) -> None:
+        """fsync the steps written unsynced, the manifest, and the folder's swap into place."""
+        for name in self.steps:
+            for path in (self.folder / name).iterdir():
+                fsync_file(path)
+            fsync_dir(self.folder / name)
+        if self.steps:
+            fsync_file(self.folder / MANIFEST_FILE)
+            fsync_dir(self.folder)
+            fsync_dir(self.folder.parent)
