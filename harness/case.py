@@ -12,7 +12,7 @@ import operator
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -34,6 +34,9 @@ from harness.compare.expectations import (
 from harness.dtypes import INTEGER_DTYPES, NUMPY_DTYPES
 from harness.errors import XfalignError, describe_value, validation_problem
 from harness.schema import MAX_NAME_CHARS, NAME_RULE, FieldProblem, Strict, is_safe_name
+
+if TYPE_CHECKING:
+    from harness.numerics import Profiles
 
 USER_IMPL = re.compile(r"^[\w./-]+(\.py)?:[A-Za-z_]\w*$")
 # A sweep point's name: a safe name, then [label=value,...] (no path separators, no control characters).
@@ -473,7 +476,8 @@ def _check_structure(data: dict) -> None:
             raise FieldProblem(("sides", name), f"a side is a mapping (framework, impl, mode, device), got {describe_value(spec)}")
 
 
-def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None) -> list[Case]:
+def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None,
+                   profiles: Profiles | None = None) -> list[Case]:
     """Validate parsed YAML: names, structure, sweep expansion, shape expressions, schema, the op family's
     rules, the numerics profile and user functions. Every problem is a CaseError of one line."""
     from harness.ops import family_for
@@ -493,7 +497,7 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
             _resolve_shapes(point)
             case = Case(**point, source=source)
             family_for(case.op, source).validate(case)
-            _check_numerics(case)
+            _check_numerics(case, profiles)
             _check_user_functions(case)
             cases.append(case)
     except ValidationError as error:
@@ -511,14 +515,15 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
     return cases
 
 
-def _check_numerics(case: Case) -> None:
-    """The profile the case names must load; the default one is the run's to load (--numerics may replace it)."""
+def _check_numerics(case: Case, profiles: Profiles | None) -> None:
+    """The profile the case names must load (read once per run where the run's `profiles` are given); the
+    default one is the run's to load (--numerics may replace it)."""
     from harness.numerics import ProfileError, load_profile
 
     if case.numerics is None:
         return
     try:
-        load_profile(case.numerics, case.source)
+        (profiles.load if profiles is not None else load_profile)(case.numerics, case.source)
     except ProfileError as error:
         raise FieldProblem(("numerics",), str(error)) from None
 
@@ -630,11 +635,11 @@ def _check_readable_depth(text: str) -> None:
             depth -= 1
 
 
-def load_cases(path: str | Path) -> list[Case]:
-    """A case file: one case, or one per sweep point."""
+def load_cases(path: str | Path, profiles: Profiles | None = None) -> list[Case]:
+    """A case file: one case, or one per sweep point; `profiles`: the run's (each profile read once)."""
     path = Path(path)
     data, lines = read_yaml(path, "case file", CaseError, MAX_CASE_BYTES)
-    return validate_cases(data, str(path), lines)
+    return validate_cases(data, str(path), lines, profiles)
 
 
 def read_yaml(path: Path, what: str, error_type: type[XfalignError], max_bytes: int) -> tuple[Any, dict[tuple, int]]:

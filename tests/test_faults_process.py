@@ -128,13 +128,13 @@ def test_safe_name():
 
 def test_timeout_resolution(write_case):
     from harness.case import load_case
-    from harness.runner import DEFAULT_SIDE_TIMEOUT_S, side_timeout
+    from harness.run_options import DEFAULT_SIDE_TIMEOUT_S, RunOptions
 
     assert DEFAULT_SIDE_TIMEOUT_S == 600
-    assert side_timeout(load_case(write_case(SMALL_WEIGHTED))) == 600  # a case without the field
+    assert RunOptions().settings(load_case(write_case(SMALL_WEIGHTED))).timeout == 600  # a case without the field
     timed = load_case(write_case(SMALL_WEIGHTED.replace("seed: 3", "seed: 3\ntimeout: 30"), "timed.yaml"))
-    assert side_timeout(timed) == 30  # the case's
-    assert side_timeout(timed, 5) == 5  # --timeout wins
+    assert RunOptions().settings(timed).timeout == 30  # the case's
+    assert RunOptions(timeout=5).settings(timed).timeout == 5  # --timeout wins
 
 
 @pytest.mark.parametrize("args, fragment", [
