@@ -504,13 +504,13 @@ class WorkerPool:
         self._queue(key, queued)
         return queued.future
 
-    def submit_followed(self, key: tuple, side: str, job: SideJob, timeout: float,
-                        then_timeout: float) -> tuple[Future, Future]:
+    def submit_followed(self, key: tuple, side: str, job: SideJob, timeout: float) -> tuple[Future, Future]:
         """Like `submit` for `job`, whose follow-up `job.then` the same worker runs right after it, in one
         message (the case's float64 reference after its Megatron side: the inputs, the job's round trip and
-        Megatron's group serve both). The two futures, each with its own Result and timeout."""
+        Megatron's group serve both). The two futures, each with its own Result; each job's `timeout` counts
+        from its own start."""
         assert job.then is not None
-        then = _Job(REFERENCE_SIDE, job.then, then_timeout, Future())
+        then = _Job(REFERENCE_SIDE, job.then, timeout, Future())
         first = _Job(side, job, timeout, Future(), then=then)
         self._queue(key, first)
         return first.future, then.future
@@ -577,7 +577,7 @@ def _reference_result(job: Future, folder: Path) -> tuple[Dump | None, str, dict
 
 
 def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, Dumped]:
-    """Each side's record. A side that failed (crashed, timed out, raised, could not write its dump)
+    """Each side's result. A side that failed (crashed, timed out, raised, could not write its dump)
     raises as soon as it is known, the first in side order among those known; a job of the case not yet
     started is cancelled (one that runs finishes in its worker and is discarded)."""
     while True:
@@ -663,8 +663,7 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, options: RunO
                           environment_class=settings.side_classes[side], inputs=str(inputs_file), dump=str(dump_dirs[side]),
                           durable=durable(dump_dirs[side]), log=str(logs[side]), cwd=cwd, env=env)
             if follow is not None and reference_job is None and key == reference_key:  # after the side, in its job
-                futures[side], reference_job = pool.submit_followed(key, side, job.model_copy(update={"then": follow}),
-                                                                    limit, limit)
+                futures[side], reference_job = pool.submit_followed(key, side, job.model_copy(update={"then": follow}), limit)
             else:
                 futures[side] = pool.submit(key, side, job, limit)
         if follow is not None and reference_job is None:

@@ -169,7 +169,7 @@ def test_internal_error_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     # an unexpected exception in xfalign itself (forced here in xfalign's own case loader)
     from harness import cli
 
-    def broken(path):
+    def broken(*args):
         raise RuntimeError("something xfalign did not expect\nsecond line")
 
     monkeypatch.setattr(cli, "load_cases", broken)
