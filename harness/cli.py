@@ -45,7 +45,6 @@ from harness.gate import (
 from harness.golden_policy import GoldenPolicy, from_update
 from harness.inputs import DEFAULT_MAX_INPUT_GIB, RUN_FLOAT64_COPIES, check_input_size
 from harness.load import load_cases
-from harness.numerics import load_profile
 from harness.ops import reference_framework
 from harness.reports.html import write_reports, write_tree_report
 from harness.reports.json_report import write_json, write_tree_json
@@ -77,7 +76,8 @@ from harness.reports.text import (
     warning_line,
     written_text,
 )
-from harness.runner import DEFAULT_SIDE_TIMEOUT_S, WorkerPool, class_of, current_pool, interrupt_handler, run_cases
+from harness.run_options import DEFAULT_SIDE_TIMEOUT_S, RunOptions
+from harness.runner import WorkerPool, current_pool, interrupt_handler, run_cases
 from harness.store.atomic import write_text_atomic
 from harness.store.dump import Dump, DumpError, check_dump_target
 from harness.store.golden import Golden, GoldenMismatch, baseline_dir, file_stem, unused_goldens
@@ -206,13 +206,13 @@ def _plan_dumps(cases, args) -> dict[str, dict[str, Path] | None]:
     return plan
 
 
-def _load_all(paths: list[Path], max_input_gib: float | None = None) -> list:
+def _load_all(paths: list[Path], options: RunOptions) -> list:
     """Every case (and sweep point) of every file, all validated before any runs; two cases with one name
     (their reports, dumps and goldens would overwrite each other) are refused."""
     cases = []
     seen: dict[str, Path] = {}  # case name -> the file that defines it
     for path in paths:
-        for case in load_cases(path):
+        for case in load_cases(path, options.profiles):
             if case.name in seen:
                 first = seen[case.name]
                 where = (f"{path} is given twice" if Path(first).resolve() == Path(path).resolve()
@@ -220,7 +220,7 @@ def _load_all(paths: list[Path], max_input_gib: float | None = None) -> list:
                 raise UsageError(f"two cases named {case.name!r}: {where} (case names must be unique in a run; "
                                  f"set `name:` in one of them)")
             seen[case.name] = path
-            check_input_size(case, max_input_gib)  # before anything runs or allocates (None: the default limit,
+            check_input_size(case, options.max_input_gib)  # before anything runs or allocates (None: the default limit,
             # and what this machine's memory holds for the run's peak)
             cases.append(case)
     return cases
@@ -266,7 +266,7 @@ def _check_dumps(plan: dict[str, dict[str, Path] | None]) -> None:
             check_dump_target(folder, side, label="--dump")
 
 
-def _check_run_options(args) -> None:
+def _run_options(args) -> RunOptions:
     """Options of `run` and `gate`, refused or settled before anything is read or run. -j above the cores is
     capped, with a warning: more workers than cores only take memory (each holds a framework) and time."""
     if args.repeat < 1:
@@ -281,8 +281,9 @@ def _check_run_options(args) -> None:
         raise UsageError(f"--timeout must be a positive number of seconds (got {args.timeout:g})")
     if args.max_input_gib is not None and not args.max_input_gib > 0:
         raise UsageError(f"--max-input-gib must be a positive number of GiB (got {args.max_input_gib:g})")
-    if args.numerics is not None:
-        load_profile(args.numerics)  # a profile that does not load is refused before any side starts
+    # a --numerics profile that does not load is refused here, before any case is read
+    return RunOptions(repeat=args.repeat, numerics=args.numerics, timeout=args.timeout, max_input_gib=args.max_input_gib,
+                      reference=not getattr(args, "no_reference", False))
 
 
 @contextmanager
@@ -370,14 +371,12 @@ def _pool(args):
         yield pool
 
 
-def _run_each(cases, console: Console, crashed: list[str], args, dump_dirs=lambda case: None):
+def _run_each(cases, console: Console, crashed: list[str], args, options: RunOptions, dump_dirs=lambda case: None):
     """Run the cases (up to -j at once), yielding each run in case order as it becomes available; a
     crashed side is printed and noted in `crashed`. Progress: a bar on a terminal, a plain line per case
     otherwise (several cases only)."""
     with _pool(args) as pool, CaseProgress(console, [case.name for case in cases]) as progress:
-        runs = run_cases(cases, dump_dirs, repeat=args.repeat, numerics=args.numerics, timeout=args.timeout,
-                         max_input_gib=args.max_input_gib, pool=pool, jobs=args.jobs,
-                         reference=not getattr(args, "no_reference", False))
+        runs = run_cases(cases, dump_dirs, options, pool=pool, jobs=args.jobs)
         for case, run in runs:
             progress.advance(case.name)
             if isinstance(run, SideCrashed):
@@ -388,8 +387,8 @@ def _run_each(cases, console: Console, crashed: list[str], args, dump_dirs=lambd
 
 
 def cmd_run(args, console: Console) -> int:
-    _check_run_options(args)
-    cases = _load_all(args.cases, args.max_input_gib)
+    options = _run_options(args)
+    cases = _load_all(args.cases, options)
     if args.seeds:
         if args.seeds < 0:
             raise UsageError("--seeds takes a positive N")
@@ -400,7 +399,7 @@ def cmd_run(args, console: Console) -> int:
         _check_reports(args)
     comparisons = []
     crashed: list[str] = []
-    for run in _run_each(cases, console, crashed, args, lambda case: plan[case.name]):
+    for run in _run_each(cases, console, crashed, args, options, lambda case: plan[case.name]):
         if run.comparison is None:
             dirs = plan[run.case.name]
             assert dirs is not None  # nothing is compared only with --side, which needs --dump (_dump_dirs)
@@ -425,13 +424,13 @@ def _policy(args) -> GoldenPolicy:
         raise UsageError(str(error)) from None
 
 
-def _golden_folders(cases, args) -> dict[str, Path]:
+def _golden_folders(cases, args, options: RunOptions) -> dict[str, Path]:
     """Each case's golden folder, decided before any side runs: with --golden check the folder of its class must
     exist; two cases whose names make one golden file name (which one would overwrite) are refused."""
     folders: dict[str, Path] = {}
     owner: dict[Path, str] = {}  # golden file -> the case it is for
     for case in cases:
-        environment_class = class_of(case, args.numerics)
+        environment_class = options.settings(case).environment_class
         folder = baseline_dir(args.baseline, environment_class)
         if args.policy is GoldenPolicy.CHECK and not folder.is_dir():
             raise UsageError(missing_class_message(args.baseline, environment_class, [str(p) for p in args.cases]))
@@ -497,19 +496,19 @@ def cmd_gate(args, console: Console) -> int:
     if not args.cases:
         raise UsageError("gate needs case files, or --tree TREE")
     args.policy = _policy(args)
-    _check_run_options(args)
-    cases = _load_all(args.cases, args.max_input_gib)
+    options = _run_options(args)
+    cases = _load_all(args.cases, options)
     _check_reports(args)
     if args.policy is not GoldenPolicy.CHECK:
         _check_output(args.baseline, "--baseline", "dir")
-    folders = _golden_folders(cases, args)
+    folders = _golden_folders(cases, args, options)
     problems = _golden_problems(cases, folders, args.policy, console)
     results, comparisons = list(problems.values()), []
     crashed: list[str] = []
     gate_status = {name: "fail" for name in problems}
     written: list[str] = []  # goldens in place, in order: said as each is written, and in sum even when interrupted
     try:
-        for run in _run_each([case for case in cases if case.name not in problems], console, crashed, args):
+        for run in _run_each([case for case in cases if case.name not in problems], console, crashed, args, options):
             print_comparison(run.comparison, console)
             comparisons.append(run.comparison)
             result = _gate_run(run, folders[run.case_name], args, console, written)

@@ -27,13 +27,15 @@ LIBRARIES = ("numpy", "ml_dtypes", "safetensors", "xxhash")
 RETIRED = ("version_line",)
 
 
-def assemble(adapter: FrameworkAdapter, device: str, profile: NumericsProfile, runtime: dict | None = None) -> dict:
+def assemble(adapter: FrameworkAdapter, device: str, profile: NumericsProfile, runtime: dict | None = None,
+             device_class: str | None = None) -> dict:
     """The fingerprint of a side that ran with `adapter` on `device` under `profile`; `runtime`: the adapter's
-    runtime fields as read right after the op (read now when not given)."""
+    runtime fields as read right after the op (read now when not given); `device_class`: the environment class
+    of `device` as the run resolved it once (computed here when not given: a capture)."""
     if runtime is None:
         runtime = adapter.runtime_fingerprint(device)
     return (_common(profile.name) | adapter.fingerprint(device, profile) | runtime
-            | {"environment_class": environment_class(profile, [device])})
+            | {"environment_class": device_class or environment_class(profile, [device])})
 
 
 def numeric_env() -> list[str]:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from harness.case import Case, CaseError, user_function_file
 from harness.compare.expectations import tag_names
 from harness.errors import describe_value, validation_problem
-from harness.numerics import ProfileError, load_profile
+from harness.numerics import ProfileError, Profiles, load_profile
 from harness.ops import family_for
 from harness.schema import MAX_NAME_CHARS, NAME_RULE, FieldProblem, is_safe_name
 from harness.sweep import expand_sweep, resolve_shapes
@@ -62,7 +62,8 @@ def _check_structure(data: dict) -> None:
             raise FieldProblem(("sides", name), f"a side is a mapping (framework, impl, mode, device), got {describe_value(spec)}")
 
 
-def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None) -> list[Case]:
+def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None,
+                   profiles: Profiles | None = None) -> list[Case]:
     """Validate parsed YAML: names, structure, sweep expansion, shape expressions, schema, the op family's
     rules, the numerics profile and user functions. Every problem is a CaseError of one line."""
     lines = lines or {}
@@ -80,7 +81,7 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
             resolve_shapes(point)
             case = Case(**point, source=source)
             family_for(case.op, source).validate(case)
-            _check_numerics(case)
+            _check_numerics(case, profiles)
             _check_user_functions(case)
             cases.append(case)
     except ValidationError as error:
@@ -98,12 +99,13 @@ def validate_cases(data: Any, source: str, lines: dict[tuple, int] | None = None
     return cases
 
 
-def _check_numerics(case: Case) -> None:
-    """The profile the case names must load; the default one is the run's to load (--numerics may replace it)."""
+def _check_numerics(case: Case, profiles: Profiles | None) -> None:
+    """The profile the case names must load (read once per run where the run's `profiles` are given); the
+    default one is the run's to load (--numerics may replace it)."""
     if case.numerics is None:
         return
     try:
-        load_profile(case.numerics, case.source)
+        (profiles.load if profiles is not None else load_profile)(case.numerics, case.source)
     except ProfileError as error:
         raise FieldProblem(("numerics",), str(error)) from None
 
@@ -202,11 +204,11 @@ def _check_user_function(case: Case, where: tuple, spec: str) -> None:
                                   + (f" (it defines {', '.join(defined[:8])})" if defined else ""))
 
 
-def load_cases(path: str | Path) -> list[Case]:
-    """A case file: one case, or one per sweep point."""
+def load_cases(path: str | Path, profiles: Profiles | None = None) -> list[Case]:
+    """A case file: one case, or one per sweep point; `profiles`: the run's (each profile read once)."""
     path = Path(path)
     data, lines = read_yaml(path, "case file", CaseError, MAX_CASE_BYTES)
-    return validate_cases(data, str(path), lines)
+    return validate_cases(data, str(path), lines, profiles)
 
 
 def load_case(path: str | Path) -> Case:

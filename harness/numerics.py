@@ -10,6 +10,7 @@ name one with `numerics:`, a run with `--numerics`.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,23 @@ def load_profile(name: str | None, relative_to: str | Path | None = None) -> Num
         location, message = validation_problem(error)
         line, field = line_and_field(lines, location)
         raise ProfileError(f"{path}:{line}: {field}: {message}") from None
+
+
+class Profiles:
+    """The numerics profiles of one run, each file read once however many cases (and sweep points) name it.
+    One per run, never shared between runs: a profile edited between two runs is read anew."""
+
+    def __init__(self) -> None:
+        self._read: dict[Path, NumericsProfile] = {}
+        self._lock = threading.Lock()  # cases are run from several threads
+
+    def load(self, name: str | None, relative_to: str | Path | None = None) -> NumericsProfile:
+        """`load_profile`'s profile, read the first time its file is asked for."""
+        path = profile_path(name or DEFAULT_PROFILE, relative_to)
+        with self._lock:
+            if path not in self._read:
+                self._read[path] = load_profile(name, relative_to)
+            return self._read[path]
 
 
 def _gpu_class() -> str:

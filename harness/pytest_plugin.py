@@ -31,6 +31,8 @@ _TOP_LEVEL_KEY = re.compile(r"^(op|sides|inputs)\s*:", re.MULTILINE)
 _SNIFF_BYTES = 1 << 20
 _CONFIGURED = pytest.StashKey[set]()
 _POOL = pytest.StashKey[object]()
+_PROFILES = pytest.StashKey[object]()  # the session's numerics profiles, each read once
+_OPTIONS = pytest.StashKey[object]()
 _PRODUCED = pytest.StashKey[dict]()  # baseline folder -> the case names whose goldens are there (--xfalign-warn-unused)
 POLICIES = ("check", "write-missing", "force-regen", "regen-all")  # harness.golden_policy.GoldenPolicy (not imported:
 # the plugin imports no harness module until a case is collected)
@@ -173,13 +175,33 @@ def _session_pool(config):
     return config.stash[_POOL]
 
 
+def _session_profiles(config):
+    from harness.numerics import Profiles
+
+    if _PROFILES not in config.stash:
+        config.stash[_PROFILES] = Profiles()
+    return config.stash[_PROFILES]
+
+
+def _session_options(config):
+    """The session's run options, made when the first case runs (a --xfalign-numerics profile that does not
+    load fails each case)."""
+    from harness.run_options import RunOptions
+
+    if _OPTIONS not in config.stash:
+        config.stash[_OPTIONS] = RunOptions(repeat=config.getoption("xfalign_repeat"),
+                                            numerics=config.getoption("xfalign_numerics"),
+                                            profiles=_session_profiles(config))
+    return config.stash[_OPTIONS]
+
+
 class CaseFile(pytest.File):
     def collect(self):
         from harness.case import CaseError
         from harness.load import load_cases
 
         try:
-            cases = load_cases(self.path)
+            cases = load_cases(self.path, _session_profiles(self.config))
         except CaseError as error:  # one failing item with the one-line message; other files still run
             yield BrokenCase.from_parent(self, name=self.path.name, message=str(error))
             return
@@ -223,8 +245,7 @@ class CaseItem(pytest.Item):
 
         config = self.config
         try:
-            run = run_case(self.case, pool=_session_pool(config), repeat=config.getoption("xfalign_repeat"),
-                           numerics=config.getoption("xfalign_numerics"))
+            run = run_case(self.case, options=_session_options(config), pool=_session_pool(config))
         except SideCrashed as error:
             raise CaseFailed(f"side crashed: {error}") from None
         except CaseError as error:  # e.g. inputs over the size limit

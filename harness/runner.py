@@ -47,14 +47,13 @@ from harness.case import REFERENCE_SIDE, Case
 from harness.compare.case import CaseComparison, compare_dumps
 from harness.errors import Interrupted, OutputError, SideCrashed, safe_name
 from harness.inputs import generate_inputs
-from harness.numerics import NumericsProfile, environment_class, load_profile
+from harness.numerics import NumericsProfile
 from harness.ops import family_for, reference_framework
+from harness.protocol import Dumped, Failed, Job, OutputFailed, Prepare, ProtocolError, ReferenceJob, Result, SideJob, decode_result, encode
 from harness.reaper import claim, kill_descendants, sweep
+from harness.run_options import DEFAULT_SIDE_TIMEOUT_S, RunOptions
 from harness.store.dump import INPUTS_FILE, Dump, DumpError, write_inputs
 
-# Per side, from the job's start (for a worker started for that job: from the worker's start, framework
-# import and compilation included); `--timeout` on the command line, else a case's `timeout`, else this.
-DEFAULT_SIDE_TIMEOUT_S = 600
 OUTPUT_TAIL_LINES = 15
 _POLL_S = 0.05
 
@@ -232,8 +231,8 @@ class _Process:
                 except OSError:
                     pass
 
-    def send(self, job: dict) -> bool:
-        data = (json.dumps(job) + "\n").encode()
+    def send(self, job: Job) -> bool:
+        data = encode(job)
         try:
             while data:
                 data = data[os.write(self.to_worker, data):]
@@ -241,8 +240,8 @@ class _Process:
             return False
         return True
 
-    def receive(self, wait: float) -> dict | None:
-        """A result line if one arrives within `wait` seconds."""
+    def receive(self, wait: float) -> Result | None:
+        """A result if one arrives within `wait` seconds; ProtocolError if the line is not one."""
         while b"\n" not in self.buffer:
             ready, _, _ = select.select([self.from_worker], [], [], wait)
             if not ready:
@@ -253,17 +252,20 @@ class _Process:
             self.buffer += chunk
             wait = 0
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        return decode_result(line)
 
 
 @dataclass
 class _Job:
-    side: str
-    payload: dict
-    log: Path
+    side: str  # for messages: the side's name, REFERENCE_SIDE, "(start)"
+    message: Job
     timeout: float
     future: Future
-    then: _Job | None = None  # the follow-up: sent with this job, answered by the worker right after it
+    then: _Job | None = None  # the follow-up (message.then): sent with this job, answered by the worker right after it
+
+    @property
+    def log(self) -> Path:
+        return Path(self.message.log)
 
 
 class _Slot:
@@ -340,7 +342,7 @@ class _Slot:
             os.close(child_out)
         return process
 
-    def _run(self, job: _Job) -> dict:
+    def _run(self, job: _Job) -> Result:
         if self.process is not None and self.process.exited():  # died while idle: not this case's fault
             self.process.stop()
             self.process = None
@@ -349,17 +351,21 @@ class _Slot:
         if process is None:
             process = self.process = self._spawn()
         started = process.started if fresh else time.monotonic()
-        payload = job.payload if job.then is None else dict(job.payload, then=job.then.payload)
-        return self._await(job, process, started, process.send(payload))
+        return self._await(job, process, started, process.send(job.message))
 
-    def _await(self, job: _Job, process: _Process, started: float, sent: bool = True) -> dict:
+    def _await(self, job: _Job, process: _Process, started: float, sent: bool = True) -> Result:
         """The worker's record for `job`; SideCrashed if it dies, or runs past the job's timeout from `started`."""
         pool = self.pool
         while True:
             if pool._closed:
                 process.stop()
                 raise PoolClosed("the worker pool was closed")
-            result = process.receive(_POLL_S) if sent else None
+            try:
+                result = process.receive(_POLL_S) if sent else None
+            except ProtocolError as error:  # the channel is out of step: the worker is not trusted further
+                process.stop()
+                self.process = None
+                raise SideCrashed(f"side {job.side!r}: {error}{_tail(job.log, process.log)}") from None
             if result is not None:
                 return result
             if not sent or process.exited():
@@ -475,39 +481,39 @@ class WorkerPool:
 
     # -- jobs -----------------------------------------------------------------------------------------
 
-    def prestart(self, key: tuple, payload: dict) -> None:
+    def prestart(self, key: tuple, numerics: NumericsProfile) -> None:
         """Start the worker of `key` now and have it import its framework (while the parent makes the
-        first inputs); `payload` is a job of that key. Nothing if that key has a worker already."""
+        first inputs). Nothing if that key has a worker already."""
         with self._lock:
             if self._closed or self._slots.get(key):
                 return
-        job = dict(payload, prepare_only=True)
-        future = self.submit(key, "(start)", job, self.workdir / f"start-{next(self._counter)}.log",
-                             float(DEFAULT_SIDE_TIMEOUT_S))
+        job = Prepare(framework=key[0], numerics=numerics, log=str(self.workdir / f"start-{next(self._counter)}.log"))
+        future = self.submit(key, "(start)", job, float(DEFAULT_SIDE_TIMEOUT_S))
 
         def record(done: Future) -> None:
             if not done.cancelled() and done.exception() is None:
                 with self._lock:
-                    self.timings.append((f"(start {key[0]})", {key[0]: done.result().get("timings", {})}))
+                    self.timings.append((f"(start {key[0]})", {key[0]: done.result().timings}))
 
         future.add_done_callback(record)
 
-    def submit(self, key: tuple, side: str, payload: dict, log: Path, timeout: float) -> Future:
-        """Queue one side's job for the worker of `key`; the future's result is the worker's record."""
-        job = _Job(side, dict(payload, log=str(log)), log, timeout, Future())
-        self._queue(key, job)
-        return job.future
+    def submit(self, key: tuple, side: str, job: Job, timeout: float) -> Future:
+        """Queue one job for the worker of `key` (`side` names it in messages); the future's result is the
+        worker's Result."""
+        queued = _Job(side, job, timeout, Future())
+        self._queue(key, queued)
+        return queued.future
 
-    def submit_followed(self, key: tuple, first: tuple[str, dict, Path, float],
-                        then: tuple[str, dict, Path, float]) -> tuple[Future, Future]:
-        """Like `submit` for `first` (side, payload, log, timeout), and `then` run by the same worker right
-        after it, in one job (the case's float64 reference after its Megatron side: the inputs, the job's
-        round trip and Megatron's group serve both). The two futures, each with its own record and timeout."""
-        job = _Job(first[0], dict(first[1], log=str(first[2])), first[2], first[3], Future(),
-                   then=_Job(then[0], dict(then[1], log=str(then[2])), then[2], then[3], Future()))
-        self._queue(key, job)
+    def submit_followed(self, key: tuple, side: str, job: SideJob, timeout: float) -> tuple[Future, Future]:
+        """Like `submit` for `job`, whose follow-up `job.then` the same worker runs right after it, in one
+        message (the case's float64 reference after its Megatron side: the inputs, the job's round trip and
+        Megatron's group serve both). The two futures, each with its own Result; each job's `timeout` counts
+        from its own start."""
         assert job.then is not None
-        return job.future, job.then.future
+        then = _Job(REFERENCE_SIDE, job.then, timeout, Future())
+        first = _Job(side, job, timeout, Future(), then=then)
+        self._queue(key, first)
+        return first.future, then.future
 
     def _queue(self, key: tuple, job: _Job) -> None:
         with self._lock:
@@ -529,22 +535,6 @@ class _DefaultPool:
 def current_pool() -> WorkerPool | None:
     """The pool made the default by `WorkerPool.as_default()`, if any."""
     return _DefaultPool.pool
-
-
-def side_timeout(case: Case, timeout: float | None = None) -> float:
-    """Seconds each side may run: the command line's, else the case's `timeout`, else the default."""
-    if timeout is None:
-        timeout = case.timeout
-    return float(timeout) if timeout is not None else float(DEFAULT_SIDE_TIMEOUT_S)
-
-
-def profile_of(case: Case, numerics: str | None = None) -> NumericsProfile:
-    """The run's numerics profile: --numerics, else the case's, else the default."""
-    return load_profile(numerics or case.numerics, case.source if not numerics else None)
-
-
-def class_of(case: Case, numerics: str | None = None) -> str:
-    return environment_class(profile_of(case, numerics), [case.device_of(side) for side in case.sides])
 
 
 def _key(case: Case, side: str, profile: NumericsProfile) -> tuple:
@@ -575,25 +565,19 @@ def _reference_result(job: Future, folder: Path) -> tuple[Dump | None, str, dict
     while not job.done():
         wait([job], timeout=0.2)  # short waits: a signal is handled promptly
     try:
-        record = job.result()
+        result = job.result()
     except SideCrashed as error:
         return None, f"the float64 reference crashed: {str(error).splitlines()[0]}", {}
-    if "dump" not in record:
-        why = record.get("error") or record.get("output_error") or "?"
-        return None, f"the float64 reference failed: {(str(why).strip().splitlines() or ['?'])[0]}", record.get("timings", {})
+    if not isinstance(result, Dumped):
+        return None, f"the float64 reference failed: {(result.error.strip().splitlines() or ['?'])[0]}", result.timings
     try:
-        return Dump.read(folder, check_bytes=False), "", record.get("timings", {})
+        return Dump.read(folder, check_bytes=False), "", result.timings
     except DumpError as error:
-        return None, f"the float64 reference wrote a dump that cannot be read back: {error}", record.get("timings", {})
+        return None, f"the float64 reference wrote a dump that cannot be read back: {error}", result.timings
 
 
-def _target(folder: Path, workdir: Path) -> dict:
-    """Where a job writes its dump; one in the case's temporary folder (removed after) need not be fsynced."""
-    return {"dump": str(folder), "durable": not Path(folder).is_relative_to(workdir)}
-
-
-def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, dict]:
-    """Each side's record. A side that failed (crashed, timed out, raised, could not write its dump)
+def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, Dumped]:
+    """Each side's result. A side that failed (crashed, timed out, raised, could not write its dump)
     raises as soon as it is known, the first in side order among those known; a job of the case not yet
     started is cancelled (one that runs finishes in its worker and is discarded)."""
     while True:
@@ -602,17 +586,17 @@ def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, di
             if not future.done():
                 continue
             try:
-                record = future.result()
+                result = future.result()
             except BaseException:
                 _cancel(futures)
                 raise
-            if "output_error" in record:
+            if isinstance(result, OutputFailed):
                 _cancel(futures)
-                raise OutputError(record["output_error"])
-            if "error" in record:
+                raise OutputError(result.error)
+            if isinstance(result, Failed):
                 _cancel(futures)
-                headline = (str(record["error"]).strip().splitlines() or ["?"])[0]
-                raise SideCrashed(f"side {side!r} failed (exit {record.get('exit', 1)}): {headline}{_tail(logs[side])}")
+                headline = (result.error.strip().splitlines() or ["?"])[0]
+                raise SideCrashed(f"side {side!r} failed (exit {result.exit}): {headline}{_tail(logs[side])}")
         if finished:
             return {side: future.result() for side, future in futures.items()}
         wait(list(futures.values()), timeout=0.2, return_when=FIRST_COMPLETED)  # short: signals are handled promptly
@@ -623,22 +607,22 @@ def _cancel(futures: dict[str, Future]) -> None:
         future.cancel()
 
 
-def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int = 1,
-             numerics: str | None = None, timeout: float | None = None,
-             max_input_gib: float | None = None, pool: WorkerPool | None = None, reference: bool = True) -> CaseRun:
-    """Run the sides named in dump_dirs (each dumped there), or both sides into a temporary folder.
-    With repeat > 1 each side runs the op that many times in its worker and records every digest.
-    `numerics` names a profile that replaces the case's; `timeout` (seconds per side) the case's.
-    `pool`: the workers to use (default: the pool made default by `as_default`, else a pool of its own,
-    closed when the case is done). When both sides run, the family's float64 reference runs too (unless
-    `reference` is False), into dump_dirs["exact"] where given; it arbitrates the comparison."""
+def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, options: RunOptions | None = None,
+             pool: WorkerPool | None = None) -> CaseRun:
+    """Run the sides named in dump_dirs (each dumped there), or both sides into a temporary folder, with the
+    run's `options` (default: RunOptions()). With repeat > 1 each side runs the op that many times in its
+    worker and records every digest. `pool`: the workers to use (default: the pool made default by
+    `as_default`, else a pool of its own, closed when the case is done). When both sides run, the family's
+    float64 reference runs too (unless options.reference is False), into dump_dirs["exact"] where given; it
+    arbitrates the comparison."""
+    options = options or RunOptions()
     pool = pool or current_pool()
     if pool is None:
         with WorkerPool(jobs=2) as own:
-            return run_case(case, dump_dirs, repeat, numerics, timeout, max_input_gib, own, reference)
+            return run_case(case, dump_dirs, options, own)
     started = time.perf_counter()
-    profile = profile_of(case, numerics)
-    limit = side_timeout(case, timeout)
+    settings = options.settings(case)
+    profile, limit = settings.profile, settings.timeout
     try:
         workdir = Path(tempfile.mkdtemp(prefix=f"case-{safe_name(case.name)[:40]}-", dir=pool.workdir))
     except OSError as error:
@@ -650,37 +634,45 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
             side: workdir / "dumps" / f"{i}-{safe_name(side)}" for i, side in enumerate(case.sides)}).items()}
         inputs_file = workdir / INPUTS_FILE
         try:
-            write_inputs(generate_inputs(case, max_input_gib), inputs_file)
+            write_inputs(generate_inputs(case, options.max_input_gib), inputs_file)
         except (OSError, SafetensorError) as error:
             raise OutputError(f"cannot write the case's inputs {inputs_file}: {_write_failure(error)} ({_ROOM_HINT})") from None
         timings: dict = {"inputs": time.perf_counter() - started}
-        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        env = dict(os.environ, PYTHONWARNINGS="ignore") | profile.env  # the case's: the profile's variables on top
+        cwd = os.getcwd()
+
+        def durable(folder: Path) -> bool:  # a dump in the case's temporary folder (removed after) is not fsynced
+            return not folder.is_relative_to(workdir)
+
         futures, logs = {}, {}
         sides = [side for side in dump_dirs if side != REFERENCE_SIDE]
-        job = {"case": case.to_json(), "source": case.source, "inputs": str(inputs_file), "repeat": repeat,
-               "numerics": profile.model_dump(mode="json"), "profile_env": dict(profile.env), "cwd": os.getcwd(), "env": env}
         alone = REFERENCE_SIDE in dump_dirs and not sides  # `run --side exact`: the reference only
-        follow = None  # the float64 reference's job: (side, payload, log, timeout)
-        if reference and (len(sides) == 2 or alone) and reference_framework(case) is not None:
+        follow = None  # the float64 reference's job
+        if options.reference and (len(sides) == 2 or alone) and reference_framework(case) is not None:
             dump_dirs.setdefault(REFERENCE_SIDE, workdir / "dumps" / REFERENCE_SIDE)
             reference_key = _reference_key(case, profile)
             logs[REFERENCE_SIDE] = workdir / "output-reference.log"
-            follow = (REFERENCE_SIDE, dict(job, side=next(iter(case.sides)), **_target(dump_dirs[REFERENCE_SIDE], workdir),
-                                           reference=reference_key[0], repeat=1), logs[REFERENCE_SIDE], limit)
+            follow = ReferenceJob(case=case, framework=reference_key[0], numerics=profile,
+                                  environment_class=settings.reference_class, inputs=str(inputs_file),
+                                  dump=str(dump_dirs[REFERENCE_SIDE]), durable=durable(dump_dirs[REFERENCE_SIDE]),
+                                  log=str(logs[REFERENCE_SIDE]), cwd=cwd, env=env)
         for index, side in enumerate(sides):
             logs[side] = workdir / f"output-{index}-{safe_name(side)}.log"
-            key, submitted = _key(case, side, profile), (side, dict(job, side=side, **_target(dump_dirs[side], workdir)), logs[side], limit)
+            key = _key(case, side, profile)
+            job = SideJob(case=case, side=side, repeat=options.repeat, numerics=profile,
+                          environment_class=settings.side_classes[side], inputs=str(inputs_file), dump=str(dump_dirs[side]),
+                          durable=durable(dump_dirs[side]), log=str(logs[side]), cwd=cwd, env=env)
             if follow is not None and reference_job is None and key == reference_key:  # after the side, in its job
-                futures[side], reference_job = pool.submit_followed(key, submitted, follow)
+                futures[side], reference_job = pool.submit_followed(key, side, job.model_copy(update={"then": follow}), limit)
             else:
-                futures[side] = pool.submit(key, *submitted)
+                futures[side] = pool.submit(key, side, job, limit)
         if follow is not None and reference_job is None:
-            reference_job = pool.submit(reference_key, *follow)
-        records = _wait_all(futures, logs)
+            reference_job = pool.submit(reference_key, REFERENCE_SIDE, follow, limit)
+        results = _wait_all(futures, logs)
         dumps = {}
         for side in sides:
             path = dump_dirs[side]
-            timings[side] = records[side].get("timings", {})
+            timings[side] = results[side].timings
             try:
                 dumps[side] = Dump.read(path, check_bytes=False)  # verified inside the comparison pass
             except DumpError as error:
@@ -707,31 +699,29 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, repeat: int =
     timings["total"] = time.perf_counter() - started
     with pool._lock:
         pool.timings.append((case.name, timings))
-    return CaseRun(case, dumps, comparison, environment_class(profile, [case.device_of(s) for s in case.sides]),
-                   timings)
+    return CaseRun(case, dumps, comparison, settings.environment_class, timings)
 
 
-def run_cases(cases: list[Case], dump_dirs=lambda case: None, repeat: int = 1, numerics: str | None = None,
-              timeout: float | None = None, max_input_gib: float | None = None, pool: WorkerPool | None = None,
-              jobs: int | None = None, reference: bool = True) -> Iterator[tuple[Case, CaseRun | SideCrashed]]:
-    """Run the cases, up to `jobs` at once (default: the pool's), yielding (case, run) in case order as
-    each becomes available; a crashed side is yielded as its SideCrashed, not raised. Any other error
-    (bad output path, interrupted run) raises when its case's turn comes."""
+def run_cases(cases: list[Case], dump_dirs=lambda case: None, options: RunOptions | None = None,
+              pool: WorkerPool | None = None, jobs: int | None = None) -> Iterator[tuple[Case, CaseRun | SideCrashed]]:
+    """Run the cases with the run's `options` (default: RunOptions()), up to `jobs` at once (default: the
+    pool's), yielding (case, run) in case order as each becomes available; a crashed side is yielded as its
+    SideCrashed, not raised. Any other error (bad output path, interrupted run) raises when its case's turn comes."""
+    options = options or RunOptions()
     pool = pool or current_pool()
     if pool is None:
         with WorkerPool(jobs=jobs) as own:
-            yield from run_cases(cases, dump_dirs, repeat, numerics, timeout, max_input_gib, own, jobs, reference)
+            yield from run_cases(cases, dump_dirs, options, own, jobs)
         return
     parallel = max(1, jobs or pool.jobs)
     for case in cases:  # every framework starts importing at once, before the first inputs are made
+        profile = options.settings(case).profile
         for side in case.sides if dump_dirs(case) is None else [s for s in dump_dirs(case) if s != REFERENCE_SIDE]:
-            profile = profile_of(case, numerics)
-            pool.prestart(_key(case, side, profile), {"case": case.to_json(), "source": case.source, "side": side,
-                                                      "numerics": profile.model_dump(mode="json")})
+            pool.prestart(_key(case, side, profile), profile)
 
     def one(case: Case):
         try:
-            return run_case(case, dump_dirs(case), repeat, numerics, timeout, max_input_gib, pool, reference)
+            return run_case(case, dump_dirs(case), options, pool)
         except SideCrashed as error:
             return error
 

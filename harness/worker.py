@@ -1,7 +1,7 @@
 """Worker process: runs sides of cases and writes their dumps.
 
-    python -m harness.worker --serve IN OUT    one JSON job per line on fd IN, one JSON result per line on
-                                               fd OUT, until IN is closed
+    python -m harness.worker --serve IN OUT    one job per line on fd IN, one result per line on fd OUT
+                                               (harness.protocol), until IN is closed
 
 A long-lived worker serves one (framework, device, numerics profile): the profile's variables are set
 before the framework is imported (on the first job), and everything a case may change is put back after
@@ -9,18 +9,16 @@ it (`_CaseState`): environment variables, working directory, the framework's det
 torch.distributed groups and Megatron's parallel state, dynamo's compile caches, default dtype, grad
 mode, warnings filters, user modules. Torch's compile/eager mode is switched per case at runtime.
 
-A job holds the validated case, its source path, the side name, the inputs file, the dump directory,
-the parent's working directory and environment, and a log file (the case's
-output: fds 1 and 2 point there while it runs). The result: {"dump": PATH, "timings": {...}} once the dump
-is in place, {"error": "Type: message", "exit": 1} when the side raised (the traceback goes to the case's
-log), {"output_error": message} when the dump could not be written (exit 2). A worker that dies during
-a job (user code calling sys.exit or os._exit, a signal) exited before writing its dump; the parent
-reports it so and starts a new worker for the next case.
+A job (harness.protocol.SideJob, ReferenceJob) holds the case, the side, the inputs file, the dump
+directory, the parent's working directory and the case's environment, and a log file (the case's output:
+fds 1 and 2 point there while it runs). The result: Dumped once the dump is in place, Failed when the side
+raised (the traceback goes to the case's log), OutputFailed when the dump could not be written (exit 2). A
+worker that dies during a job (user code calling sys.exit or os._exit, a signal) exited before writing its
+dump; the parent reports it so and starts a new worker for the next case.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -41,8 +39,22 @@ from harness.dtypes import FLOAT_DTYPES, dtype_name
 from harness.execute import SideOutput, execute
 from harness.frameworks import FrameworkAdapter, adapter_for
 from harness.frameworks.base import names_matching
-from harness.numerics import NumericsProfile
 from harness.ops import NotAvailable, family_for, reference_impl
+from harness.protocol import (
+    CaseJob,
+    Dumped,
+    Failed,
+    Job,
+    OutputFailed,
+    Prepare,
+    Prepared,
+    ProtocolError,
+    ReferenceJob,
+    Result,
+    SideJob,
+    decode_job,
+    encode,
+)
 from harness.reaper import kill_descendants, reap
 from harness.store.atomic import unsynced
 from harness.store.digest import Digest
@@ -51,9 +63,9 @@ from harness.store.dump import GENERATOR, Dump, read_inputs
 _WARNINGS = ".*(Transformer Engine|Apex|ccache).*"
 
 
-def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile, adapter: FrameworkAdapter,
-             timings: dict | None = None) -> SideOutput:
+def run_side(job: SideJob, arrays: dict, adapter: FrameworkAdapter, timings: dict | None = None) -> SideOutput:
     """One run of the side's op, with the environment recorded."""
+    case, side_name, profile = job.case, job.side, job.numerics
     device = case.device_of(side_name)
     reason = adapter.unavailable(device)
     if reason:
@@ -70,14 +82,14 @@ def run_side(case: Case, side_name: str, arrays: dict, profile: NumericsProfile,
             for name, value in adapter.compile_stats().items():  # compilation inside the op (torch.compile)
                 timings[name] = timings.get(name, 0) + value - compiled.get(name, 0)
         runtime = adapter.runtime_fingerprint(device)
-    output.environment = fingerprint.assemble(adapter, device, profile, runtime)
+    output.environment = fingerprint.assemble(adapter, device, profile, runtime, job.environment_class)
     return output
 
 
-def run_reference(case: Case, framework: str, arrays: dict, profile: NumericsProfile,
-                  adapter: FrameworkAdapter) -> SideOutput:
+def run_reference(job: ReferenceJob, arrays: dict, adapter: FrameworkAdapter) -> SideOutput:
     """The family's float64 reference: every float input widened exactly to float64, run eagerly on the CPU
     (bits that depend on neither a GPU nor a compiler), forward and backward."""
+    case, framework, profile = job.case, job.framework, job.numerics
     adapter.use_device("cpu")
     adapter.apply_profile(profile)
     widened = {name: array.astype(np.float64) if dtype_name(array.dtype) in FLOAT_DTYPES else array
@@ -85,30 +97,27 @@ def run_reference(case: Case, framework: str, arrays: dict, profile: NumericsPro
     with adapter.deterministic(False):
         output = execute(case, SideSpec(framework=framework, impl="float64"), widened, adapter, "cpu",
                          impl=reference_impl(case.op, framework, case.source))
-    output.environment = fingerprint.assemble(adapter, "cpu", profile)
+    output.environment = fingerprint.assemble(adapter, "cpu", profile, device_class=job.environment_class)
     return output
 
 
-def run_job(job: dict, timings: dict | None = None) -> Path:
-    """One side of one case (or, with "reference": its float64 reference), its dump written. In a
-    long-lived worker the framework was prepared by `_prepare` (profile variables set before its import);
-    here only the case's mode is set."""
+def run_job(job: CaseJob, timings: dict | None = None) -> Path:
+    """One side of one case (or its float64 reference), its dump written, in a worker whose framework
+    `_prepare` imported (the profile's variables set before); here only the case's mode is set."""
     timings = {} if timings is None else timings
-    case = Case(**job["case"], source=job["source"])
-    profile = NumericsProfile(**job["numerics"])
-    if job.get("reference"):
-        return _reference_job(job, case, profile, adapter_for(job["reference"]), timings)
-    side = case.sides[job["side"]]
+    if isinstance(job, ReferenceJob):
+        return _reference_job(job, adapter_for(job.framework), timings)
+    case = job.case
+    side = case.sides[job.side]
     adapter = adapter_for(side.framework)
     mode = side.mode or adapter.default_mode
     timings["framework"] = side.framework
-    meta = _start(case, profile, adapter, mode, side=job["side"], framework=side.framework,
-                  impl=side.implementation)
+    meta = _start(case, adapter, mode, side=job.side, framework=side.framework, impl=side.implementation)
     started = time.perf_counter()
-    arrays = read_inputs(Path(job["inputs"]))
+    arrays = read_inputs(Path(job.inputs))
     timings["read_inputs_s"] = time.perf_counter() - started
     try:
-        runs = [run_side(case, job["side"], arrays, profile, adapter, timings) for _ in range(job.get("repeat", 1))]
+        runs = [run_side(job, arrays, adapter, timings) for _ in range(job.repeat)]
     except NotAvailable as reason:
         meta |= {"provenance": "-", "environment": {}, "inputs": {}, "unavailable": str(reason)}
         return _write_dump(Dump(meta, {}), job, timings)
@@ -124,10 +133,8 @@ def run_job(job: dict, timings: dict | None = None) -> Path:
     return _write_dump(Dump(meta, output.tensors), job, timings)
 
 
-def _start(case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, mode: str | None, **names: str | None) -> dict:
+def _start(case: Case, adapter: FrameworkAdapter, mode: str | None, **names: str | None) -> dict:
     """The framework in the job's mode, and the dump's meta so far: `names` are its side, framework and impl."""
-    if not _Prepared.done:
-        adapter.before_import(profile, mode)  # ISA and thread pins are read when the framework loads
     adapter.set_mode(mode)
     warnings.filterwarnings("ignore", message=_WARNINGS)
     family = family_for(case.op, case.source)
@@ -135,12 +142,11 @@ def _start(case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, mode
             **names, "mode": mode, "axes": family.tensor_axes(case), "notes": family.tensor_notes(case)}
 
 
-def _reference_job(job: dict, case: Case, profile: NumericsProfile, adapter: FrameworkAdapter, timings: dict) -> Path:
-    framework = job["reference"]
-    meta = _start(case, profile, adapter, "eager", side=REFERENCE_SIDE, framework=framework, impl="float64 reference")
-    arrays = read_inputs(Path(job["inputs"]))
+def _reference_job(job: ReferenceJob, adapter: FrameworkAdapter, timings: dict) -> Path:
+    meta = _start(job.case, adapter, "eager", side=REFERENCE_SIDE, framework=job.framework, impl="float64 reference")
+    arrays = read_inputs(Path(job.inputs))
     started = time.perf_counter()
-    output = run_reference(case, framework, arrays, profile, adapter)
+    output = run_reference(job, arrays, adapter)
     timings["reference_s"] = time.perf_counter() - started
     # the inputs as given (before widening): the same digests as the sides', which compare checks
     meta |= {"provenance": output.provenance, "environment": output.environment, "repeats": {},
@@ -152,16 +158,16 @@ class DumpWriteFailed(Exception):
     """The dump could not be written (unwritable folder, full disk): an output error, not a crash."""
 
 
-def _write_dump(dump: Dump, job: dict, timings: dict) -> Path:
-    """The job's dump at job["dump"]; fsynced unless the job says it is a temporary one (`"durable": False`:
-    a run without --dump, whose folder is removed when the run ends)."""
+def _write_dump(dump: Dump, job: CaseJob, timings: dict) -> Path:
+    """The job's dump at job.dump; fsynced unless the job says it is a temporary one (`durable` False: a run
+    without --dump, whose folder is removed when the run ends)."""
     started = time.perf_counter()
     try:
-        with nullcontext() if job.get("durable", True) else unsynced():
-            return dump.write(job["dump"])
+        with nullcontext() if job.durable else unsynced():
+            return dump.write(job.dump)
     except (OSError, SafetensorError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise DumpWriteFailed(f"cannot write the dump {job['dump']}: {reason}") from error
+        raise DumpWriteFailed(f"cannot write the dump {job.dump}: {reason}") from error
     finally:
         timings["dump_s"] = time.perf_counter() - started
 
@@ -173,13 +179,11 @@ class _Prepared:
     framework: str | None = None
 
 
-def _prepare(job: dict) -> dict:
+def _prepare(job: Job) -> dict:
     """First job of a long-lived worker: the profile's variables, then the framework import (timed)."""
-    case = Case(**job["case"], source=job["source"])
-    framework = job.get("reference") or case.sides[job["side"]].framework
-    profile = NumericsProfile(**job["numerics"])
+    framework = job.framework
     adapter = adapter_for(framework)
-    adapter.before_import(profile, None)
+    adapter.before_import(job.numerics, None)
     started = time.perf_counter()
     adapter.import_framework()
     _Prepared.done, _Prepared.framework = True, framework
@@ -189,7 +193,7 @@ def _prepare(job: dict) -> dict:
 class _CaseState:
     """What a case may change in this process, recorded before it and put back after it."""
 
-    def __init__(self, job: dict):
+    def __init__(self, job: CaseJob):
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
         self.filters = list(warnings.filters)
@@ -201,13 +205,11 @@ class _CaseState:
         self.framework_state = self.adapter.save_state() if self.adapter else None
         # the case runs in the parent's folder, with the parent's variables, the profile's on top
         os.environ.clear()
-        os.environ.update(job.get("env") or self.environ)
-        os.environ.update(job.get("profile_env") or {})
+        os.environ.update(job.env)
         kept = names_matching(self.adapter.worker_env, list(self.environ)) if self.adapter else []
         for name in kept:  # what the worker set before its import stays (cache dirs)
             os.environ.setdefault(name, self.environ[name])
-        if job.get("cwd"):
-            os.chdir(job["cwd"])
+        os.chdir(job.cwd)
 
     def restore(self) -> None:
         _end_case_processes()
@@ -275,54 +277,58 @@ def _redirect(log: str | None, fallback: int) -> None:
         os.dup2(fallback, 2)
 
 
-def serve_one(job: dict, send: Callable[[dict], None], own_log: int) -> None:
-    """Run one job in this long-lived worker, send its result record, and put the process back as it was.
-    A job with a follow-up ("then": the case's float64 reference, in the same worker) sends two records: the
+def serve_one(job: Job, send: Callable[[Result], None], own_log: int) -> None:
+    """Run one job in this long-lived worker, send its result, and put the process back as it was. A side's
+    job with a follow-up (`then`: the case's float64 reference, in the same worker) sends two results: the
     side's as soon as its dump is written, then the follow-up's, which runs on the process put back as it
     was before the side except for what the adapter holds for it (FrameworkAdapter.held_for_follow_up)."""
     timings: dict = {}
     started = time.perf_counter()
-    follow = job.get("then")
+    follow = job.then if isinstance(job, SideJob) else None
     try:
         if not _Prepared.done:
             timings |= _prepare(job)
-        if job.get("prepare_only"):  # started ahead of its first case: the import only
-            return send({"prepared": True, "timings": timings | {"framework": _Prepared.framework}})
+        if isinstance(job, Prepare):  # started ahead of its first case: the import only
+            return send(Prepared(timings=timings | {"framework": _Prepared.framework}))
         state = _CaseState(job)
     except Exception as error:
         traceback.print_exc()
-        send({"error": f"{type(error).__name__}: {error}", "exit": 1, "timings": timings})
+        send(Failed(error=f"{type(error).__name__}: {error}", timings=timings))
         return send(_not_run()) if follow else None
     if follow is None:
-        record = _attempt(job, timings)
+        result = _attempt(job, timings)
         _restore(state, timings)
         timings["total_s"] = time.perf_counter() - started
-        return send(record | {"timings": timings})
+        return send(_timed(result, timings))
     with _held_groups():
-        record = _attempt(job, timings)
+        result = _attempt(job, timings)
         timings["total_s"] = time.perf_counter() - started
-        send(record | {"timings": timings})
+        send(_timed(result, timings))
         started, timings = time.perf_counter(), {}
         _restore(state, timings)  # the held group stays
-        if "dump" not in record:
+        if not isinstance(result, Dumped):
             return send(_not_run())
-        _redirect(follow.get("log"), own_log)
+        _redirect(follow.log, own_log)
         state = _CaseState(follow)
-        record = _attempt(follow, timings)
+        result = _attempt(follow, timings)
     _restore(state, timings)
     timings["total_s"] = time.perf_counter() - started
-    send(record | {"timings": timings})
+    send(_timed(result, timings))
 
 
-def _attempt(job: dict, timings: dict) -> dict:
-    """run_job's record: its dump, or why it has none."""
+def _attempt(job: CaseJob, timings: dict) -> Dumped | Failed | OutputFailed:
+    """run_job's result: its dump, or why it has none (its timings are added when it is sent)."""
     try:
-        return {"dump": str(run_job(job, timings))}
+        return Dumped(dump=str(run_job(job, timings)))
     except DumpWriteFailed as error:
-        return {"output_error": str(error)}
+        return OutputFailed(error=str(error))
     except Exception as error:
         traceback.print_exc()  # to the case's log, whose tail the parent shows
-        return {"error": f"{type(error).__name__}: {error}", "exit": 1}
+        return Failed(error=f"{type(error).__name__}: {error}")
+
+
+def _timed(result: Result, timings: dict) -> Result:
+    return result.model_copy(update={"timings": timings})
 
 
 def _restore(state: _CaseState, timings: dict) -> None:
@@ -331,8 +337,8 @@ def _restore(state: _CaseState, timings: dict) -> None:
     timings["reset_s"] = timings.get("reset_s", 0) + time.perf_counter() - started
 
 
-def _not_run() -> dict:
-    return {"error": "not run: the side it follows failed", "exit": 1, "timings": {}}
+def _not_run() -> Failed:
+    return Failed(error="not run: the side it follows failed")
 
 
 def _held_groups():
@@ -348,8 +354,8 @@ def serve(fd_in: int, fd_out: int) -> int:
     own_log = os.dup(1)
     buffer = b""
 
-    def send(record: dict) -> None:
-        data = (json.dumps(record) + "\n").encode()
+    def send(result: Result) -> None:
+        data = encode(result)
         while data:
             data = data[os.write(fd_out, data):]
 
@@ -360,8 +366,12 @@ def serve(fd_in: int, fd_out: int) -> int:
                 return 0
             buffer += chunk
         line, buffer = buffer.split(b"\n", 1)
-        job = json.loads(line)
-        _redirect(job.get("log"), own_log)
+        try:
+            job = decode_job(line)
+        except ProtocolError as error:  # the channel is out of step: nothing further on it can be trusted
+            print(f"xfalign worker: {error}", file=sys.stderr)
+            return 2
+        _redirect(job.log, own_log)
         try:
             serve_one(job, send, own_log)  # SystemExit / KeyboardInterrupt from user code end the worker
         finally:

@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.compare",),
     ("harness.inputs",),
     ("harness.capture",),
-    ("harness.execute", "harness.worker", "harness.runner"),
+    ("harness.execute", "harness.worker", "harness.runner", "harness.protocol", "harness.run_options"),
     ("harness.gate",),
     ("harness.reports",),
     ("harness.cli", "harness.pytest_plugin", "harness.__main__", "harness"),

@@ -24,7 +24,7 @@ from test_faults_storage import TINY, cli, one_error_line
 
 import harness.inputs
 from harness.case import CaseError
-from harness.cli import _check_run_options, _parser, usable_cores
+from harness.cli import _parser, _run_options, usable_cores
 from harness.compare.findings import Finding
 from harness.gate import _step_golden, check_step
 from harness.inputs import check_input_size
@@ -314,12 +314,12 @@ def test_a_corrupt_step_golden_fails_its_step_and_the_others_are_checked(tmp_pat
 
 def test_jobs_above_the_cores_are_capped_with_a_warning(capsys):
     args = _parser().parse_args(["run", "case.yaml", "-j", str(usable_cores() + 62)])
-    _check_run_options(args)
+    _run_options(args)
     assert args.jobs == usable_cores()
     assert capsys.readouterr().err == (f"xfalign: warning: -j {usable_cores() + 62} is more than the {usable_cores()} "
                                        f"cores here: running up to {usable_cores()} cases at once\n")
     args = _parser().parse_args(["gate", "case.yaml", "--baseline", "b"])
-    _check_run_options(args)
+    _run_options(args)
     assert args.jobs == usable_cores() and capsys.readouterr().err == ""
 
 

@@ -128,13 +128,13 @@ def test_safe_name():
 
 def test_timeout_resolution(write_case):
     from harness.load import load_case
-    from harness.runner import DEFAULT_SIDE_TIMEOUT_S, side_timeout
+    from harness.run_options import DEFAULT_SIDE_TIMEOUT_S, RunOptions
 
     assert DEFAULT_SIDE_TIMEOUT_S == 600
-    assert side_timeout(load_case(write_case(SMALL_WEIGHTED))) == 600  # a case without the field
+    assert RunOptions().settings(load_case(write_case(SMALL_WEIGHTED))).timeout == 600  # a case without the field
     timed = load_case(write_case(SMALL_WEIGHTED.replace("seed: 3", "seed: 3\ntimeout: 30"), "timed.yaml"))
-    assert side_timeout(timed) == 30  # the case's
-    assert side_timeout(timed, 5) == 5  # --timeout wins
+    assert RunOptions().settings(timed).timeout == 30  # the case's
+    assert RunOptions(timeout=5).settings(timed).timeout == 5  # --timeout wins
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -169,7 +169,7 @@ def test_internal_error_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     # an unexpected exception in xfalign itself (forced here in xfalign's own case loader)
     from harness import cli
 
-    def broken(path):
+    def broken(*args):
         raise RuntimeError("something xfalign did not expect\nsecond line")
 
     monkeypatch.setattr(cli, "load_cases", broken)

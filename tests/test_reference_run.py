@@ -10,6 +10,7 @@ import pytest
 from harness.case import REFERENCE_SIDE
 from harness.cli import main
 from harness.load import load_cases
+from harness.run_options import RunOptions
 from harness.runner import NO_REFERENCE_RUN, WorkerPool, run_case
 
 CASE = """\
@@ -60,7 +61,7 @@ def test_the_reference_is_megatrons_formula_in_float64_and_arbitrates_each_tenso
 
 def test_no_reference_run_says_so_and_a_failing_reference_leaves_the_case_to_its_sides(write_case, tmp_path):
     [case] = load_cases(write_case(CASE % "fp32_island"))
-    run = run_case(case, reference=False)
+    run = run_case(case, options=RunOptions(reference=False))
     assert run.comparison.reference is None and run.comparison.reference_missing == NO_REFERENCE_RUN
     assert not run.comparison.passed  # max_ulp_to_exact cannot be judged without the reference
     (tmp_path / "family.py").write_text(textwrap.dedent("""
