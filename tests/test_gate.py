@@ -11,7 +11,7 @@ from harness.cli import main
 from harness.compare.findings import GOLDEN, judged
 from harness.compare.pairs import originate
 from harness.gate import check
-from harness.reports.text import finding_text
+from harness.reports.text import environment_change_text, finding_text
 from harness.runner import run_case
 from harness.store.digest import Digest
 from harness.store.dump import GENERATOR
@@ -101,7 +101,7 @@ def test_environment_change_is_reported_beside_drift(recorded):
     golden = mutate(baseline, "megatron/out", flip_bit)
     golden.environment["megatron"]["torch"] = "2.12.0"
     result = check(run, golden)
-    assert "megatron: torch 2.12.0 → 2.13.0+cpu" in result.environment_changes
+    assert "megatron: torch 2.12.0 → 2.13.0+cpu" in [environment_change_text(f) for f in result.environment_changes]
 
 
 def test_input_digest_change_fails(recorded):

@@ -11,6 +11,7 @@ import numpy as np
 from jinja2 import Environment, PackageLoader
 
 from harness.compare.case import CaseComparison, SideInfo, TensorResult
+from harness.compare.findings import STRUCTURAL
 from harness.compare.metrics import ULP_BUCKETS
 from harness.compare.pairs import FloatPair
 from harness.compare.tree import StepComparison, TreeComparison
@@ -150,7 +151,7 @@ def _exact_view(pair) -> dict | None:
 def _finding_lines(result: TensorResult) -> list[dict]:
     """What fails the tensor, and its structural differences that only are reported (the numbers are in the table)."""
     failing = [f for f in result.findings if not f.passed]
-    reported = [f for f in result.findings if f.passed and f.kind in ("missing", "dtype", "shape")]
+    reported = [f for f in result.findings if f.passed and isinstance(f.data, STRUCTURAL)]
     return ([{"text": line, "passed": False} for line in findings_lines(failing)]
             + [{"text": line, "passed": True} for line in findings_lines(reported)])
 
