@@ -151,7 +151,7 @@ def test_a_step_missing_on_one_side_fails(tmp_path):
     b = write_tree(tmp_path / "b", "paddle", steps=1)
     result = compare_trees(a, b)
     assert [step.label for step in result.steps] == ["step-00000"]
-    assert [(f.kind, f.tensor, f.data) for f in result.findings] == [("missing", "step-00001", {"side": "B"})]
+    assert [(f.kind, f.tensor, f.data) for f in result.findings] == [("missing", "step-00001", Missing(side="B"))]
     assert result.status == "fail" and result.divergence is None
     assert "step-00001: missing on side B" in tree_verdict_text(result)
 
