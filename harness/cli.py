@@ -12,6 +12,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -517,7 +518,8 @@ def cmd_gate(args, console: Console) -> int:
             names.setdefault(folders[case.name], []).append(case.name)
         _print_unused(names, console)
     _print_sweep_summaries(cases, gate_status, console)
-    _write_outputs(args, comparisons, console)
+    goldens = {result.case_name: result.golden_environment for result in results if result.golden_environment is not None}
+    _write_outputs(args, comparisons, console, html_writer=partial(write_reports, goldens=goldens))
     failed = sum(not result.passed for result in results)
     console.print(gate_summary_text(len(cases) - failed - len(crashed), failed, len(crashed)), markup=False)
     unreadable = _unreadable_error(results)
