@@ -5,7 +5,8 @@ one class per kind, tagged with the kind (`Finding.kind`, the "kind" of the JSON
 and the gate all carry Findings; only harness.reports.text turns one into words.
 
 A payload's JSON is the fields its producer gave (`exclude_unset`): a field left at its default, such as a
-"missing" finding's `reason`, is left out of the JSON, as before payloads were typed.
+"missing" finding's `reason` or a "digest" finding's `hash`, is not written (harness/reports/report.schema.json
+has them optional).
 """
 
 from __future__ import annotations
