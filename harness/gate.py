@@ -51,7 +51,7 @@ class GateResult:
     written: Path | None = None  # the golden written now (missing, or rewritten by the policy)
     update: GoldenUpdate | None = None  # what writing it changed
     obtained: Path | None = None  # what the run produced, written beside a golden it drifted from
-    golden_environment: dict[str, dict] | None = None  # side -> the fingerprint the golden checked against recorded
+    golden_environment: dict[str, dict] | None = None  # side -> its fingerprint in the golden checked against
 
     @classmethod
     def of_unreadable(cls, case_name: str, error: XfalignError):
