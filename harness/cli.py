@@ -1,11 +1,5 @@
-"""xfalign command line.
-
-Exit codes: 0 every expectation holds, 1 a check failed (0 and 1 are verdicts, nothing else); 2 a
-harness error or bad input (case file, dump, usage, an output path that cannot be written), one line
-`xfalign: error: ...` (an unexpected exception: `xfalign: internal error: ...`, also 2; `--debug` shows
-the traceback); 3 a side crashed, was killed or timed out; 130 / 143 interrupted by SIGINT / SIGTERM
-(the workers' process groups are killed and the temporary folder removed first).
-"""
+"""xfalign command line. Its exit codes: harness.errors.ExitCode (and 128 + N, interrupted by signal N); its own
+lines: harness.cli_text."""
 
 from __future__ import annotations
 
@@ -18,6 +12,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -28,16 +23,34 @@ from safetensors import SafetensorError
 
 from harness import __version__
 from harness.case import REFERENCE_SIDE, reseeded
+from harness.cli_text import (
+    REFETCH_HEADER,
+    crash_text,
+    error_line,
+    gate_summary_text,
+    golden_unreadable_text,
+    goldens_written_text,
+    internal_error_line,
+    interrupted_line,
+    jobs_capped_text,
+    map_written_text,
+    missing_class_text,
+    progress_line,
+    refetch_written_text,
+    running_text,
+    sweep_summary_text,
+    tree_goldens_written_text,
+    written_text,
+)
 from harness.compare.case import compare_dumps
 from harness.compare.tree import compare_trees
-from harness.errors import Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
+from harness.errors import ExitCode, Interrupted, OutputError, SideCrashed, UsageError, XfalignError, safe_name
 from harness.gate import (
     GateResult,
     TreeGateResult,
     check,
     gate_tree,
     golden_problem,
-    missing_class_message,
     settle,
     tree_gate_comparison,
     tree_gate_steps,
@@ -55,35 +68,14 @@ from harness.reports.terminal import (
     print_tree_comparison,
     print_tree_gate_result,
 )
-from harness.reports.text import (
-    REFETCH_HEADER,
-    crash_text,
-    error_line,
-    gate_summary_text,
-    golden_unreadable_text,
-    golden_update_text,
-    goldens_written_text,
-    internal_error_line,
-    interrupted_line,
-    jobs_capped_text,
-    map_written_text,
-    progress_line,
-    refetch_written_text,
-    running_text,
-    sweep_summary_text,
-    tree_goldens_written_text,
-    unused_golden_text,
-    warning_line,
-    written_text,
-)
+from harness.reports.text import golden_update_text, unused_golden_text, warning_line
 from harness.run_options import DEFAULT_SIDE_TIMEOUT_S, RunOptions
 from harness.runner import WorkerPool, current_pool, interrupt_handler, run_cases
 from harness.store.atomic import write_text_atomic
 from harness.store.dump import Dump, DumpError, check_dump_target
-from harness.store.golden import Golden, GoldenMismatch, baseline_dir, file_stem, unused_goldens
+from harness.store.golden import Golden, GoldenMismatch, baseline_dir, environment_classes, file_stem, unused_goldens
 from harness.store.tree import is_tree, read_tree
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SIDE_CRASHED = 0, 1, 2, 3
 DEFAULT_HTML = Path("reports")
 NUMERICS_HELP = ("numerics profile for every case (NAME: a built-in profile or a path); default: the case's, "
                  "else portable-avx2")
@@ -313,7 +305,7 @@ def _print_sweep_summaries(cases, status: dict[str, str], console: Console) -> N
 class CaseProgress:
     """Progress of a run of several cases: on a terminal a rich bar (done/total, current case, elapsed),
     results printed above it; otherwise one plain line per case as its result comes
-    (`[3/40] name (12.3 s)`, harness.reports.text.progress_line)."""
+    (`[3/40] name (12.3 s)`, harness.cli_text.progress_line)."""
 
     def __init__(self, console: Console, names: list[str]):
         self.console, self.names, self.total, self.done = console, names, len(names), 0
@@ -412,8 +404,8 @@ def cmd_run(args, console: Console) -> int:
         _print_sweep_summaries(cases, {c.case_name: c.status for c in comparisons}, console)
     _write_outputs(args, comparisons, console)
     if crashed:
-        return EXIT_SIDE_CRASHED
-    return EXIT_OK if all(c.passed for c in comparisons) else EXIT_FAILED
+        return ExitCode.SIDE_CRASHED
+    return ExitCode.OK if all(c.passed for c in comparisons) else ExitCode.FAILED
 
 
 def _policy(args) -> GoldenPolicy:
@@ -433,7 +425,8 @@ def _golden_folders(cases, args, options: RunOptions) -> dict[str, Path]:
         environment_class = options.settings(case).environment_class
         folder = baseline_dir(args.baseline, environment_class)
         if args.policy is GoldenPolicy.CHECK and not folder.is_dir():
-            raise UsageError(missing_class_message(args.baseline, environment_class, [str(p) for p in args.cases]))
+            raise UsageError(missing_class_text(args.baseline, environment_class, environment_classes(args.baseline),
+                                                [str(p) for p in args.cases]))
         path = Golden.text_path(folder, case.name)
         if path in owner:
             raise UsageError(f"cases {owner[path]!r} and {case.name!r} would have one golden {path}; rename one")
@@ -524,13 +517,14 @@ def cmd_gate(args, console: Console) -> int:
             names.setdefault(folders[case.name], []).append(case.name)
         _print_unused(names, console)
     _print_sweep_summaries(cases, gate_status, console)
-    _write_outputs(args, comparisons, console)
+    goldens = {result.case_name: result.golden_environment for result in results if result.golden_environment is not None}
+    _write_outputs(args, comparisons, console, html_writer=partial(write_reports, goldens=goldens))
     failed = sum(not result.passed for result in results)
     console.print(gate_summary_text(len(cases) - failed - len(crashed), failed, len(crashed)), markup=False)
     unreadable = _unreadable_error(results)
     if unreadable is not None:
         raise unreadable
-    return EXIT_SIDE_CRASHED if crashed else EXIT_FAILED if failed else EXIT_OK
+    return ExitCode.SIDE_CRASHED if crashed else ExitCode.FAILED if failed else ExitCode.OK
 
 
 def cmd_compare(args, console: Console) -> int:
@@ -552,7 +546,7 @@ def cmd_compare(args, console: Console) -> int:
                                exact=exact, exact_missing="no float64 reference was given (compare A B --exact DIR)")
     print_comparison(comparison, console)
     _write_outputs(args, [comparison], console)
-    return EXIT_OK if comparison.passed else EXIT_FAILED
+    return ExitCode.OK if comparison.passed else ExitCode.FAILED
 
 
 def _load_map(path: Path | None):
@@ -575,7 +569,7 @@ def cmd_compare_trees(args, console: Console) -> int:
             write_text_atomic(args.refetch, REFETCH_HEADER + yaml.safe_dump(sides, sort_keys=False))
         console.print(refetch_written_text(args.refetch, sides), highlight=False, markup=False)
     _write_outputs(args, tree, console, write_tree_json, write_tree_report)
-    return EXIT_OK if tree.passed else EXIT_FAILED
+    return ExitCode.OK if tree.passed else ExitCode.FAILED
 
 
 def cmd_gate_tree(args, console: Console) -> int:
@@ -612,7 +606,7 @@ def cmd_gate_tree(args, console: Console) -> int:
     unreadable = _unreadable_error(results)
     if unreadable is not None:
         raise unreadable
-    return EXIT_FAILED if failed else EXIT_OK
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 def cmd_map(args, console: Console) -> int:
@@ -621,12 +615,12 @@ def cmd_map(args, console: Console) -> int:
     text = suggest_map(read_tree(args.tree_a), read_tree(args.tree_b))
     if args.output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return EXIT_OK
+        return ExitCode.OK
     _check_output(args.output, "-o", "file")
     with _writing(args.output, "the map"):
         write_text_atomic(args.output, text)
     console.print(map_written_text(args.output), highlight=False, markup=False)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _first_line(error: BaseException) -> str:
@@ -660,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(internal_error_line(type(error).__name__, _first_line(error), args.debug), file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.ERROR
     finally:
         for signum, handler in previous.items():
             if handler is not None:

@@ -1,4 +1,4 @@
-"""Errors that end an xfalign command, each carrying its exit code.
+"""Errors that end an xfalign command, each carrying its exit code, and the exit codes themselves (ExitCode).
 
 0 and 1 are verdicts (every expectation holds / one does not) and are never raised. An `XfalignError`
 is reported by the CLI as one line, `xfalign: error: <message>`, and exits with its `exit_code`.
@@ -9,12 +9,23 @@ from __future__ import annotations
 import hashlib
 import re
 import signal
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What an xfalign command exits with (besides 128 + N, interrupted by signal N: Interrupted)."""
+
+    OK = 0  # every expectation holds
+    FAILED = 1  # a check failed
+    ERROR = 2  # a harness error or bad input (case file, dump, usage, an output path that cannot be written), one
+    # line `xfalign: error: ...`; an unexpected exception too (`xfalign: internal error: ...`; --debug: the traceback)
+    SIDE_CRASHED = 3  # a side crashed, was killed or timed out
 
 
 class XfalignError(Exception):
     """Harness error or bad input (case file, dump, usage, an output path that cannot be written)."""
 
-    exit_code = 2
+    exit_code: int = ExitCode.ERROR
 
 
 class UsageError(XfalignError):
@@ -30,13 +41,14 @@ class SideCrashed(XfalignError):
     """A side's worker crashed, was killed, exited before writing its dump, or timed out; the message
     names the side and the cause and carries the tail of the worker's output."""
 
-    exit_code = 3
+    exit_code = ExitCode.SIDE_CRASHED
 
 
 class Interrupted(BaseException):
     """SIGINT or SIGTERM reached xfalign. A BaseException (as KeyboardInterrupt) so that no `except
     Exception` swallows it; the runner kills the workers' process groups and removes its temporary
-    folder on the way out, and the CLI exits with 128 + the signal number (130, 143)."""
+    folder on the way out (the workers' process groups are killed and the temporary folder removed), and the
+    CLI exits with 128 + the signal number (130 SIGINT, 143 SIGTERM)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)

@@ -14,24 +14,27 @@ from typing import TypeVar
 
 import numpy as np
 
-from harness.compare.findings import GOLDEN, Finding, judged
+from harness.compare.findings import (
+    GOLDEN,
+    EnvironmentChanged,
+    Finding,
+    InputChanged,
+    NoGolden,
+    Nondeterministic,
+    OtherGenerator,
+    judged,
+)
 from harness.compare.pairs import DigestPair, originate
 from harness.compare.tree import StepComparison, TreeComparison, TreeSide, compare_steps
 from harness.errors import XfalignError
 from harness.fingerprint import changed_fields
 from harness.golden_policy import GoldenPolicy, GoldenUpdate
-from harness.reports.text import environment_change_text, missing_class_text
 from harness.runner import CaseRun, critical
 from harness.store.digest import Digest
 from harness.store.dump import Dump, DumpError
-from harness.store.golden import TREE_GOLDEN_HEADER, Golden, GoldenMismatch, environment_classes, remove_obtained
+from harness.store.golden import TREE_GOLDEN_HEADER, Golden, GoldenMismatch, remove_obtained
 from harness.store.tree import Tree
 from harness.store.tree_format import TensorName
-
-
-def missing_class_message(root: Path, environment_class: str, case_files: list[str]) -> str:
-    """One line for a machine whose class has no goldens: which class it is, how to create them."""
-    return missing_class_text(root, environment_class, environment_classes(root), case_files)
 
 
 @dataclass
@@ -42,11 +45,12 @@ class GateResult:
     written: Path | None = None  # the golden written now (missing, or rewritten by the policy)
     update: GoldenUpdate | None = None  # what writing it changed
     obtained: Path | None = None  # what the run produced, written beside a golden it drifted from
+    golden_environment: dict[str, dict] | None = None  # side -> its fingerprint in the golden checked against
 
     @classmethod
     def of_unreadable(cls, case_name: str, error: XfalignError):
         """The verdict of a case (or step) whose golden cannot be read: it fails, the others go on."""
-        return cls(case_name, [Finding("no-golden", "", False, {"unreadable": str(error)})], unreadable=error)
+        return cls(case_name, [Finding("", False, NoGolden(unreadable=str(error)))], unreadable=error)
 
     @property
     def failures(self) -> list[Finding]:
@@ -59,22 +63,23 @@ class GateResult:
     @property
     def drifted(self) -> bool:
         """Whether the run's tensors or inputs differ from the golden."""
-        return any(f.expected == GOLDEN or f.kind in ("input", "generator") for f in self.failures)
+        return any(f.expected == GOLDEN or isinstance(f.data, InputChanged | OtherGenerator) for f in self.failures)
 
     @property
     def golden_problems(self) -> bool:
         """Whether rewriting the golden would change what it says (`--update --only-failing`)."""
-        return self.drifted or any(f.kind == "no-golden" for f in self.failures)
+        return self.drifted or any(isinstance(f.data, NoGolden) for f in self.failures)
 
     @property
     def inputs_changed(self) -> bool:
         """Whether the run's inputs differ from the golden's: the golden belongs to another case (or this case's
         inputs changed), which explains its drift better than the code or the environment can."""
-        return any(f.kind == "input" for f in self.failures)
+        return any(isinstance(f.data, InputChanged) for f in self.failures)
 
     @property
-    def environment_changes(self) -> list[str]:
-        return [environment_change_text(f) for f in self.findings if f.kind == "environment"]
+    def environment_changes(self) -> list[Finding]:
+        """The fingerprint fields that changed since the golden (found only where the run drifted)."""
+        return [f for f in self.findings if isinstance(f.data, EnvironmentChanged)]
 
 
 def _environment_findings(golden: Golden, current: Golden) -> list[Finding]:
@@ -82,7 +87,7 @@ def _environment_findings(golden: Golden, current: Golden) -> list[Finding]:
     findings = []
     for side, now in current.environment.items():
         before = golden.environment.get(side, {})
-        findings += [Finding("environment", side, True, {"field": name, "golden": before.get(name), "now": now.get(name)})
+        findings += [Finding(side, True, EnvironmentChanged(field=name, golden=before.get(name), now=now.get(name)))
                      for name in changed_fields(before, now)]
     return findings
 
@@ -103,24 +108,25 @@ def check(run: CaseRun, golden: Golden | None) -> GateResult:
     result = GateResult(run.case_name)
     for side, dump in run.dumps.items():
         for name, distinct in dump.nondeterministic.items():
-            result.findings.append(Finding("nondeterministic", f"{side}/{name}", False, {
-                "side": side, "distinct": distinct, "repeats": len(dump.meta["repeats"][name])}))
+            result.findings.append(Finding(f"{side}/{name}", False, Nondeterministic(
+                side=side, distinct=distinct, repeats=len(dump.meta["repeats"][name]))))
     unstable = {name for dump in run.dumps.values() for name in dump.nondeterministic}
     for tensor in run.comparison.failing if run.comparison else []:  # a gate runs both sides
         if tensor.name not in unstable:  # nondeterministic on one side: not blamed on the other
             result.findings += tensor.failures
     if golden is None:
-        result.findings.append(Finding("no-golden", "", False))
+        result.findings.append(Finding("", False, NoGolden()))
         return result
+    result.golden_environment = golden.environment
     current = Golden.from_run(run)
     if golden.generator != current.generator:  # every input differs by design: one finding, not one per tensor
-        result.findings.append(Finding("generator", "", False, {"golden": golden.generator, "now": current.generator}))
+        result.findings.append(Finding("", False, OtherGenerator(golden=golden.generator, now=current.generator)))
         return result
     for name in golden.inputs.keys() | current.inputs.keys():
         if golden.inputs.get(name) != current.inputs.get(name):
-            result.findings.append(Finding("input", name, False, {
-                "golden": golden.inputs[name].to_json() if name in golden.inputs else None,
-                "now": current.inputs[name].to_json() if name in current.inputs else None}))
+            result.findings.append(Finding(name, False, InputChanged(
+                golden=golden.inputs[name].to_json() if name in golden.inputs else None,
+                now=current.inputs[name].to_json() if name in current.inputs else None)))
     for side in current.tensors:
         old, new = golden.tensors.get(side, {}), current.tensors[side]
         for name in list(new) + [n for n in old if n not in new]:
@@ -177,8 +183,8 @@ def settle(policy: GoldenPolicy, folder: Path, name: str, golden: Golden | None,
         if policy.passes_written:
             result = judge(Golden.read(folder, name) or current)
         else:  # a missing golden, written: it fails once, saying where it was written
-            result.findings = [replace(f, data={**f.data, "written": str(path)}) if f.kind == "no-golden" else f
-                               for f in result.findings]
+            result.findings = [replace(f, data=f.data.model_copy(update={"written": str(path)}))
+                               if isinstance(f.data, NoGolden) else f for f in result.findings]
         result.written, result.update = path, update
     elif result.drifted:
         result.obtained = current.write_obtained(folder)
@@ -219,7 +225,7 @@ def _step_golden(name: str, dump: Dump) -> Golden:
 
 def check_step(name: str, dump: Dump, golden: Golden) -> TreeGateResult:
     """Drift of one step's digests from its golden (every tensor, in execution order)."""
-    result = TreeGateResult(name)
+    result = TreeGateResult(name, golden_environment=golden.environment)
     current = _step_golden(name, dump)
     for side, new in current.tensors.items():
         old = golden.tensors.get(side, {})
@@ -273,7 +279,7 @@ def gate_tree(tree: Tree, baseline: str | Path, policy: GoldenPolicy | bool = Go
 
         def judge(against: Golden | None, unit: _Step = unit, dump: Dump = dump) -> TreeGateResult:
             if against is None:
-                return TreeGateResult(unit.name, [Finding("no-golden", "", False)])
+                return TreeGateResult(unit.name, [Finding("", False, NoGolden())])
             return check_step(unit.name, dump, against)
 
         new = _step_golden(unit.name, dump)
@@ -295,5 +301,5 @@ def tree_gate_comparison(tree: Tree, baseline: Path, results: list[TreeGateResul
     now = TreeSide.of(tree)
     goldens = replace(now, path=str(baseline), side=GOLDEN_SIDE, mode="digest")
     findings = [replace(finding, tensor=result.case_name) for result in results
-                for finding in result.failures if finding.kind == "no-golden"]
+                for finding in result.failures if isinstance(finding.data, NoGolden)]
     return TreeComparison(goldens, now, None, [result.step for result in results if result.step is not None], findings)

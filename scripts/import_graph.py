@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.execute", "harness.worker", "harness.runner", "harness.protocol", "harness.run_options"),
     ("harness.gate",),
     ("harness.reports",),
-    ("harness.cli", "harness.pytest_plugin", "harness.__main__", "harness"),
+    ("harness.cli", "harness.cli_text", "harness.pytest_plugin", "harness.__main__", "harness"),
 ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from harness.case import REFERENCE_SIDE, ExpectSpec
 from harness.compare.case import InputMismatch, compare_dumps
+from harness.compare.findings import ExactErrorOverBound, WorseThan
 from harness.reports.text import closer_text, finding_text, reference_text, to_exact_text
 from harness.rounding import round_float64
 from harness.store.dump import Dump
@@ -75,10 +76,10 @@ def test_an_exact_only_expectation_reports_the_sides_differences_without_judging
 def test_failing_findings_name_the_side_and_the_bound():
     result = judge({"max_ulp_to_exact": 1})
     [failure] = result.failures
-    assert failure.kind == "exact-error" and failure.data["side"] == "paddle"
+    assert isinstance(failure.data, ExactErrorOverBound) and failure.data.side == "paddle"
     assert finding_text(failure) == "out: expected max_ulp_to_exact 1, but side paddle is 3 ULP from exact (bound 1 ULP)"
     [worse] = judge({"no_worse_than": "megatron"}).failures
-    assert worse.kind == "no-worse-than" and worse.data["side"] == "paddle" and worse.data["than"] == "megatron"
+    assert isinstance(worse.data, WorseThan) and worse.data.side == "paddle" and worse.data.than == "megatron"
     assert finding_text(worse).startswith("out: expected no_worse_than megatron, but side paddle is 0.44")
     assert "more than side megatron's 0.43" in finding_text(worse)
 
@@ -124,7 +125,7 @@ def test_normwise_of_an_all_zero_reference_holds_only_for_zeros():
     da, db = dumps_of({"g": zeros}, {"g": off})
     result = compare_dumps(da, db, ExpectSpec(tensors={"g": {"max_normwise_to_exact": 1e6}}),
                            _exact_dump({"g": np.zeros(8)}, inputs)).tensors[0]
-    assert result.pair.exact.a.normwise_absolute and [f.data["side"] for f in result.failures] == ["paddle"]
+    assert result.pair.exact.a.normwise_absolute and [f.data.side for f in result.failures] == ["paddle"]
     assert not math.isnan(result.pair.exact.b.normwise)
 
 

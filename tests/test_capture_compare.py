@@ -15,6 +15,7 @@ from harness.capture.mapping import load_map
 from harness.case import ExpectSpec
 from harness.cli import main
 from harness.compare.expectations import MaxUlp
+from harness.compare.findings import Missing
 from harness.compare.pairs import DigestPair
 from harness.compare.tree import compare_trees
 from harness.reports.text import divergence_text, finding_text, tree_verdict_text
@@ -150,7 +151,7 @@ def test_a_step_missing_on_one_side_fails(tmp_path):
     b = write_tree(tmp_path / "b", "paddle", steps=1)
     result = compare_trees(a, b)
     assert [step.label for step in result.steps] == ["step-00000"]
-    assert [(f.kind, f.tensor, f.data) for f in result.findings] == [("missing", "step-00001", {"side": "B"})]
+    assert [(f.kind, f.tensor, f.data) for f in result.findings] == [("missing", "step-00001", Missing(side="B"))]
     assert result.status == "fail" and result.divergence is None
     assert "step-00001: missing on side B" in tree_verdict_text(result)
 
@@ -294,5 +295,5 @@ def test_ranks_are_compared_rank_by_rank(tmp_path):
             (tree / MANIFEST_FILE).write_text(json.dumps(manifest))
     result = compare_trees(tmp_path / "a", tmp_path / "b")
     assert [step.label for step in result.steps] == ["rank-00000/step-00000"] and result.steps[0].status == "pass"
-    assert [(f.tensor, f.data["side"]) for f in result.findings] == [("rank-00001", "B")]
+    assert [(f.tensor, f.data) for f in result.findings] == [("rank-00001", Missing(side="B"))]
     assert result.a.ranks == [0, 1] and result.status == "fail"

@@ -16,7 +16,7 @@ import harness
 from harness.case import ExpectSpec
 from harness.compare.case import CaseComparison, compare_dumps
 from harness.compare.expectations import KINDS, Bitwise, MaxAbs, MaxUlp, Report
-from harness.compare.findings import Finding
+from harness.compare.findings import EnvironmentChanged, Finding, Missing
 from harness.compare.pairs import (
     ExactPair,
     FloatPair,
@@ -61,7 +61,7 @@ def test_float_pair_findings():
     assert not pair.bitwise and pair.measured
     (finding,) = pair.compare()
     assert (finding.kind, finding.tensor, finding.passed) == ("float-values", "out", False)
-    assert finding.data["differing"] == 1 and finding.data["max_ulp"] == 3 and finding.data["max_ulp_flat_index"] == 2
+    assert finding.data.differing == 1 and finding.data.max_ulp == 3 and finding.data.max_ulp_flat_index == 2
     assert originate("out", a, a.copy()).compare() == []
 
 
@@ -70,8 +70,8 @@ def test_float_pair_nan_inf_classes_have_no_distance():
     b = np.array([np.nan, np.inf], np.float32)
     pair = originate("out", a, b)
     (finding,) = pair.compare()
-    assert not pair.measured and finding.data["max_ulp"] is None and finding.data["max_abs"] is None
-    assert (finding.data["nan_mismatch"], finding.data["inf_mismatch"]) == (1, 1)
+    assert not pair.measured and finding.data.max_ulp is None and finding.data.max_abs is None
+    assert (finding.data.nan_mismatch, finding.data.inf_mismatch) == (1, 1)
     assert "ULP" not in finding_text(finding) and "1 NaN and 1 Inf mismatches" in finding_text(finding)
 
 
@@ -79,14 +79,14 @@ def test_exact_pair_findings():
     a = np.array([True, False, True, False])
     pair = originate("routing.map", a, ~a)
     (finding,) = pair.compare()
-    assert (finding.kind, finding.data["differing"], finding.data["elements"]) == ("exact-values", 4, 4)
+    assert (finding.kind, finding.data.differing, finding.data.elements) == ("exact-values", 4, 4)
     assert finding_text(finding) == "routing.map: 4 of 4 elements differ"
 
 
 def test_one_sided_and_mismatched_pair_findings():
     a = np.arange(8, dtype=np.float32)
     (missing,) = originate("grad.bias", a, None).compare()
-    assert (missing.kind, missing.data) == ("missing", {"side": "B"})
+    assert (missing.kind, missing.data) == ("missing", Missing(side="B")) and missing.to_json()["data"] == {"side": "B"}
     (dtype,) = originate("x", a, a.astype(ml_dtypes.bfloat16)).compare()
     assert finding_text(dtype) == "x: dtype differs: float32 vs bfloat16"
     flattened = originate("grad.probs", a, a.reshape(8, 1))
@@ -243,7 +243,7 @@ def test_gate_results_are_findings(tmp_path):
     drift = [f for f in result.failures if f.expected == "golden"]
     assert [(f.kind, f.tensor) for f in drift] == [("float-values", "paddle/out")]
     (environment,) = [f for f in result.findings if f.kind == "environment"]
-    assert environment.passed and environment.data == {"field": "device_name", "golden": "elsewhere", "now": "cpu"}
+    assert environment.passed and environment.data == EnvironmentChanged(field="device_name", golden="elsewhere", now="cpu")
     out = Console(file=io.StringIO(), width=400, color_system=None)
     print_gate_result(result, out)
     text = out.file.getvalue()

@@ -158,7 +158,7 @@ def test_fast_digest_differences_and_format(tmp_path):
     pair = originate("t", changed, None, (Digest.of(changed), fast))  # stored side hashed with numpy
     assert isinstance(pair, DigestPair) and not pair.bitwise
     [finding] = pair.compare()
-    assert finding.data["hash"] == "fast64" and "fast hash" in finding_text(finding)
+    assert finding.data.hash == "fast64" and "fast hash" in finding_text(finding)
     assert originate("t", array, None, (Digest.of(array), fast)).bitwise
     # a stored tensor always has an MD5; a digest-only one needs an MD5 or a fast64
     dump = Dump({"case": {}, "case_name": "c", "side": "s", "framework": "megatron", "impl": "x", "provenance": "p",

@@ -25,7 +25,7 @@ from test_faults_storage import TINY, cli, one_error_line
 import harness.inputs
 from harness.case import CaseError
 from harness.cli import _parser, _run_options, usable_cores
-from harness.compare.findings import Finding
+from harness.compare.findings import Finding, InputChanged
 from harness.gate import _step_golden, check_step
 from harness.inputs import check_input_size
 from harness.load import load_cases
@@ -196,7 +196,7 @@ def test_digest_changes_show_digests_that_differ():
     assert f"digest {edited[:21]} → {digest.md5[:21]}" in line, line
     before, now = Digest.of(np.zeros(4, np.float32)).to_json(), Digest.of(np.zeros(4, np.float32)).to_json()
     now["md5"] = before["md5"][:9] + ("0" if before["md5"][9] != "0" else "1") + before["md5"][10:]
-    text = finding_text(Finding("input", "x", False, {"golden": before, "now": now}))
+    text = finding_text(Finding("x", False, InputChanged(golden=before, now=now)))
     assert text == f"input x: float32 [4] {before['md5'][:10]} → float32 [4] {now['md5'][:10]}"
 
 

@@ -9,6 +9,7 @@ from harness.cli import main
 from harness.fingerprint import changed_fields
 from harness.gate import check
 from harness.load import load_case
+from harness.reports.text import environment_change_text
 from harness.runner import run_case
 from harness.store.golden import Golden
 
@@ -60,7 +61,7 @@ def test_drift_message_names_each_changed_field(small_run):
     golden.environment["megatron"]["torch_cpu_capability"] = "AVX512"
     golden.tensors["megatron"]["out"] = golden.tensors["megatron"]["grad.x"]  # a drifted digest
     result = check(small_run, golden)
-    assert result.environment_changes == ["megatron: torch cpu capability AVX512 → AVX2"]
+    assert [environment_change_text(f) for f in result.environment_changes] == ["megatron: torch cpu capability AVX512 → AVX2"]
 
 
 def test_code_changed_only_when_every_field_is_equal(small_run):
@@ -73,7 +74,8 @@ def test_code_changed_only_when_every_field_is_equal(small_run):
     del golden.environment["paddle"]["paddle_cpu_avx512f"]  # an older golden that did not record it
     recorded = small_run.dumps["paddle"].meta["environment"]["paddle_cpu_avx512f"]  # this CPU's: True where it has AVX-512
     assert isinstance(recorded, bool)
-    assert check(small_run, golden).environment_changes == [f"paddle: paddle cpu avx512f not recorded → {recorded}"]
+    changes = check(small_run, golden).environment_changes
+    assert [environment_change_text(f) for f in changes] == [f"paddle: paddle cpu avx512f not recorded → {recorded}"]
 
 
 def test_changed_fields_cover_fields_on_either_side():

@@ -11,7 +11,7 @@ from harness.compare.findings import GOLDEN, judged
 from harness.compare.pairs import originate
 from harness.gate import check
 from harness.load import load_case
-from harness.reports.text import finding_text
+from harness.reports.text import environment_change_text, finding_text
 from harness.runner import run_case
 from harness.store.digest import Digest
 from harness.store.dump import GENERATOR
@@ -49,7 +49,9 @@ def flip_bit(values):
 
 def test_unchanged_rerun_passes(recorded):
     run, baseline = recorded
-    assert check(run, Golden.read(baseline, "small")).passed
+    golden = Golden.read(baseline, "small")
+    result = check(run, golden)
+    assert result.passed and result.golden_environment == golden.environment  # for the HTML report's golden column
 
 
 def test_one_bit_flip_fails_naming_tensor_and_ulp(recorded):
@@ -101,7 +103,7 @@ def test_environment_change_is_reported_beside_drift(recorded):
     golden = mutate(baseline, "megatron/out", flip_bit)
     golden.environment["megatron"]["torch"] = "2.12.0"
     result = check(run, golden)
-    assert "megatron: torch 2.12.0 → 2.13.0+cpu" in result.environment_changes
+    assert "megatron: torch 2.12.0 → 2.13.0+cpu" in [environment_change_text(f) for f in result.environment_changes]
 
 
 def test_input_digest_change_fails(recorded):
@@ -160,6 +162,23 @@ def test_cli_gate_update_cycle_and_identical_goldens(write_case, tmp_path, capsy
     assert {p.name: p.read_bytes() for p in baseline.iterdir()} == first  # same bits as the first update
     assert main(["gate", str(path), "--baseline", str(root), "--update", "--only-failing"]) == 0
     assert "golden small" not in capsys.readouterr().out  # nothing failing, nothing rewritten
+
+
+def test_cli_gate_html_report_shows_the_goldens_fingerprints(write_case, tmp_path):
+    """The gate's HTML report puts each side's fingerprint in the golden beside this run's, marked where it differs
+    (no column where there is no golden to show)."""
+    path = write_case(REPORT_ONLY, "small.yaml")
+    root = tmp_path / "baseline"
+    assert main(["gate", str(path), "--baseline", str(root), "--html", str(tmp_path / "written.html")]) == 1
+    assert "golden A" not in (tmp_path / "written.html").read_text()  # none when it ran: written now
+    golden = Golden.read(root / "cpu-avx2", "small")
+    golden.environment["paddle"]["python"] = "2.7.18"
+    golden.write(root / "cpu-avx2")
+    assert main(["gate", str(path), "--baseline", str(root), "--html", str(tmp_path / "gate.html")]) == 0
+    html = (tmp_path / "gate.html").read_text()
+    assert "golden A</th><th>golden B</th>" in html and "1 differs from the golden" in html
+    assert re.findall(r'<tr data-field="([^"]+)" class="drifted">', html) == ["python"]
+    assert '<td class="mono drifted">2.7.18</td>' in html
 
 
 def test_cli_missing_golden_is_written_and_fails_once_check_writes_none_and_unused_are_listed(write_case, tmp_path,

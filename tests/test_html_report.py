@@ -145,6 +145,44 @@ def test_same_fingerprints_say_so(tmp_path):
     assert "3 fields, the same on both sides" in html and 'class="differs"' not in html and "≠" not in html
 
 
+def gate_report(tmp_path, golden: dict) -> str:
+    """A gate's report of the known_diff dumps (environment: python 3.11, device_name cpu, and each side's
+    framework version), `golden` the fingerprints its golden recorded."""
+    a, b = known_diff_dumps()
+    return write_reports([compare_dumps(a, b)], tmp_path / "gate.html", goldens={"known_diff": golden}).read_text()
+
+
+def test_a_gate_report_has_the_goldens_fingerprints_marked_where_they_differ(tmp_path):
+    golden = {"megatron": {"python": "3.11", "device_name": "cpu", "megatron": "0.1"},
+              "paddle": {"python": "3.10", "device_name": "cpu", "paddle": "0.0", "paddle_flag": "on"}}
+    details = re.search(r"<details[^>]*>.*?</details>", gate_report(tmp_path, golden), re.S).group(0)
+    header = re.search(r"<thead>(.*?)</thead>", details, re.S).group(1)
+    assert re.findall(r"<th>(.*?)</th>", header) == ["field", "A: megatron", "B: paddle", "golden A", "golden B"]
+    summary = re.search(r"<summary>(.*?)</summary>", details, re.S).group(1)
+    assert "5 fields, 2 differ between the sides, 3 differ from the golden" in summary and "Δ" in summary
+    assert dict(re.findall(r'<tr data-field="([^"]+)" class="([^"]+)">', details)) == {
+        "python": "drifted", "megatron": "differs drifted", "paddle": "differs", "paddle_flag": "drifted"}
+    python = re.search(r'<tr data-field="python".*?</tr>', details, re.S).group(0)
+    assert re.findall(r"<td[^>]*>(.*?)</td>", python) == ["3.11", "3.11", "3.11", "3.10"]
+    assert re.findall(r'<td class="([^"]+)"', python) == ["mono", "mono", "mono", "mono drifted"]  # B's golden value
+    assert "Δ" in python and "≠" not in python
+    flag = re.search(r'<tr data-field="paddle_flag".*?</tr>', details, re.S).group(0)  # only in the golden now
+    assert re.findall(r"<td[^>]*>(.*?)</td>", flag) == ["not recorded"] * 3 + ["on"]
+    same = re.search(r'<tr data-field="device_name">.*?</tr>', details, re.S).group(0)
+    assert "Δ" not in same and "drifted" not in same
+
+
+def test_a_gate_report_whose_golden_has_the_same_fingerprints_says_so(tmp_path):
+    golden = {"megatron": {"python": "3.11", "device_name": "cpu", "megatron": "0.0"},
+              "paddle": {"python": "3.11", "device_name": "cpu", "paddle": "0.0"}}
+    html = gate_report(tmp_path, golden)
+    assert "4 fields, 2 differ between the sides, as in the golden" in html and "Δ" not in html
+
+
+def test_a_report_without_a_golden_has_no_golden_column(report):
+    assert "golden A" not in report.read_text() and "Δ" not in report.read_text()
+
+
 @pytest.mark.slow  # starts Chromium
 def test_fingerprint_table_opens_in_browser(browser, tmp_path):
     browser.get(one_field_apart(tmp_path).as_uri())
@@ -164,3 +202,19 @@ def test_fingerprint_table_opens_in_browser(browser, tmp_path):
     marked = table.find_element(By.CSS_SELECTOR, "tr.differs")
     assert marked.get_attribute("data-field") == "device_name"
     assert marked.find_element(By.TAG_NAME, "td").value_of_css_property("background-color") != "rgba(255, 255, 255, 1)"
+
+
+@pytest.mark.slow  # starts Chromium
+def test_golden_columns_in_browser(browser, tmp_path):
+    golden = {"megatron": {"python": "3.11", "device_name": "cpu", "megatron": "0.0"},
+              "paddle": {"python": "3.10", "device_name": "cpu", "paddle": "0.0"}}
+    gate_report(tmp_path, golden)
+    browser.get((tmp_path / "gate.html").as_uri())
+    details = browser.find_element(By.ID, "fingerprint")
+    assert "1 differs from the golden" in details.find_element(By.TAG_NAME, "summary").text
+    details.find_element(By.TAG_NAME, "summary").click()
+    row = browser.find_element(By.CSS_SELECTOR, '#fingerprints tr[data-field="python"]')
+    assert [c.text for c in row.find_elements(By.CSS_SELECTOR, "th, td")] == ["Δ python", "3.11", "3.11", "3.11", "3.10"]
+    cells = row.find_elements(By.TAG_NAME, "td")
+    colors = [cell.value_of_css_property("background-color") for cell in cells]
+    assert colors[3] != colors[2] and colors[2] == colors[0]  # B's golden value marked, A's not

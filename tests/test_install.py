@@ -58,6 +58,7 @@ def test_non_editable_install_runs_a_case_from_another_directory(tmp_path):
     where = subprocess.run([python, "-c", "import harness; print(harness.__file__)"], cwd=work, check=True,
                            capture_output=True, text=True).stdout.strip()
     assert where.startswith(own_site), where  # the installed copy, not the checkout
+    assert (Path(own_site) / "harness" / "reports" / "report.schema.json").is_file()  # the published JSON Schema
     done = subprocess.run([target / "bin" / "xfalign", "run", "case.yaml", "--json", "result.json"], cwd=work,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr

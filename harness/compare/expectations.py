@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from harness.compare.arbiter import NOT_GIVEN
-from harness.compare.findings import Finding, judged
+from harness.compare.findings import ExactErrorOverBound, ExactMetric, Finding, NeedsValues, NoReference, NotApplicable, WorseThan, judged
 from harness.compare.pairs import DigestPair, ExactPair, FloatPair, Pair
 
 KINDS: dict[str, type[Expectation]] = {}  # YAML key -> class, in definition order
@@ -87,11 +87,10 @@ class Tolerance(Expectation):
     def check(self, pair: Pair) -> list[Finding]:
         differences = pair.compare()
         if isinstance(pair, DigestPair) and differences:
-            return [Finding("needs-values", pair.name, False,
-                            {"expectation": self.describe(), "sides": list(pair.digests_only)},
+            return [Finding(pair.name, False, NeedsValues(expectation=self.describe(), sides=list(pair.digests_only)),
                             self.describe())] + judged(differences, False, self.describe())
         if isinstance(pair, ExactPair):
-            return [Finding("not-applicable", pair.name, False, {"expectation": self.describe(), "dtype": pair.a.dtype},
+            return [Finding(pair.name, False, NotApplicable(expectation=self.describe(), dtype=pair.a.dtype),
                             self.describe())] + judged(differences, False, self.describe())
         holds = isinstance(pair, FloatPair) and pair.stats.nan_mismatch + pair.stats.inf_mismatch == 0 \
             and self.within(pair)
@@ -146,8 +145,7 @@ class ExactExpectation(Expectation):
     def _unmeasured(self, pair: Pair, side: str | None = None) -> Finding:
         reason = pair.exact.why_unmeasured(side) if pair.exact is not None and side else \
             (pair.exact.missing if pair.exact is not None else None) or NOT_GIVEN
-        return Finding("no-reference", pair.name, False,
-                       {"expectation": self.describe(), "side": side, "reason": reason}, self.describe())
+        return Finding(pair.name, False, NoReference(expectation=self.describe(), side=side, reason=reason), self.describe())
 
     @abstractmethod
     def exact_findings(self, pair: Pair) -> list[Finding]:
@@ -157,7 +155,7 @@ class ExactExpectation(Expectation):
 class _PerSideBound(ExactExpectation):
     """`{key: N}`: both sides within N; `{key: {side: N, ...}}`: each named side within its own N."""
 
-    metric: ClassVar[str]  # the ExactError field bounded
+    metric: ClassVar[ExactMetric]  # the ExactError field bounded
 
     def bounds(self, sides: tuple[str, str]) -> dict[str, float]:
         value = getattr(self, self.key)
@@ -185,9 +183,9 @@ class _PerSideBound(ExactExpectation):
                 continue
             measured = self.measure(error)
             if error.class_mismatch or not measured <= bound:
-                findings.append(Finding("exact-error", pair.name, False,
-                                        {"side": side, "metric": self.metric, "measured": measured, "bound": bound,
-                                         "class_mismatch": error.class_mismatch}, self.describe()))
+                findings.append(Finding(pair.name, False, ExactErrorOverBound(
+                    side=side, metric=self.metric, measured=measured, bound=bound, class_mismatch=error.class_mismatch),
+                    self.describe()))
         return findings
 
     def measure(self, error) -> float:
@@ -198,7 +196,7 @@ class MaxUlpToExact(_PerSideBound):
     """Elementwise results: each element at most N ULP from the correctly rounded value."""
 
     key: ClassVar[str] = "max_ulp_to_exact"
-    metric: ClassVar[str] = "max_ulp"
+    metric: ClassVar[ExactMetric] = "max_ulp"
     max_ulp_to_exact: UlpBound | dict[str, UlpBound]
 
 
@@ -207,7 +205,7 @@ class NormwiseToExact(_PerSideBound):
     roundoff (where the reference is all zeros: the side is all zeros too)."""
 
     key: ClassVar[str] = "max_normwise_to_exact"
-    metric: ClassVar[str] = "normwise_u"
+    metric: ClassVar[ExactMetric] = "normwise_u"
     max_normwise_to_exact: Bound | dict[str, Bound]
 
     def measure(self, error) -> float:
@@ -249,10 +247,10 @@ class NoWorseThan(ExactExpectation):
             return [self._unmeasured(pair, other if mine is None else spec.side)]
         if mine.class_mismatch <= theirs.class_mismatch and mine.normwise <= spec.factor * theirs.normwise:
             return []
-        return [Finding("no-worse-than", pair.name, False,
-                        {"side": other, "than": spec.side, "factor": spec.factor, "normwise_u": mine.normwise_u,
-                         "than_normwise_u": theirs.normwise_u, "class_mismatch": mine.class_mismatch,
-                         "than_class_mismatch": theirs.class_mismatch}, self.describe())]
+        return [Finding(pair.name, False, WorseThan(
+            side=other, than=spec.side, factor=spec.factor, normwise_u=mine.normwise_u,
+            than_normwise_u=theirs.normwise_u, class_mismatch=mine.class_mismatch,
+            than_class_mismatch=theirs.class_mismatch), self.describe())]
 
 
 def sides_named(expectation: Expectation) -> set[str]:

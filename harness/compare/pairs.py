@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from harness.compare.arbiter import ExactComparison
-from harness.compare.findings import Finding
+from harness.compare.findings import DigestDiffers, DtypeDiffers, ExactValues, Finding, FloatValues, Missing, ShapeDiffers, Side
 from harness.compare.heatmap import MismatchMap
 from harness.compare.metrics import ElementStats, element_stats_and_map
 from harness.dtypes import FLOAT_DTYPES
@@ -73,7 +73,7 @@ class _ValuesPair(Pair):
         """Digests that differ while every element is equal: the values are not the bytes recorded."""
         if self.a.md5 == self.b.md5:  # a flattened pair's shapes differ: its bytes are what count
             return []
-        return [Finding("digest", self.name, False, {"a": self.a.md5, "b": self.b.md5, "values": True})]
+        return [Finding(self.name, False, DigestDiffers(a=self.a.md5, b=self.b.md5, values=True))]
 
 
 @dataclass
@@ -95,15 +95,15 @@ class FloatPair(_ValuesPair):
         if s.differing == 0:
             return self._unexplained()
         measured = self.measured
-        return [Finding("float-values", self.name, False, {
-            "elements": s.elements, "differing": s.differing, "measured": measured,
-            "max_ulp": s.max_ulp if measured else None,
-            "max_ulp_flat_index": s.max_ulp_flat_index if measured else None,
-            "max_abs": s.max_abs if measured else None,
-            "nan_mismatch": s.nan_mismatch, "inf_mismatch": s.inf_mismatch,
-            "signed_zero_only": s.signed_zero_only, "signed_zero_first_index": s.signed_zero_first_index,
-            "nan_payload_only": s.nan_payload_only, "nan_payload_first_index": s.nan_payload_first_index,
-        })]
+        return [Finding(self.name, False, FloatValues(
+            elements=s.elements, differing=s.differing, measured=measured,
+            max_ulp=s.max_ulp if measured else None,
+            max_ulp_flat_index=s.max_ulp_flat_index if measured else None,
+            max_abs=s.max_abs if measured else None,
+            nan_mismatch=s.nan_mismatch, inf_mismatch=s.inf_mismatch,
+            signed_zero_only=s.signed_zero_only, signed_zero_first_index=s.signed_zero_first_index,
+            nan_payload_only=s.nan_payload_only, nan_payload_first_index=s.nan_payload_first_index,
+        ))]
 
 
 @dataclass
@@ -116,18 +116,17 @@ class ExactPair(_ValuesPair):
         s = self.stats
         if s.differing == 0:
             return self._unexplained()
-        return [Finding("exact-values", self.name, False,
-                        {"elements": s.elements, "differing": s.differing, "dtype": self.a.dtype})]
+        return [Finding(self.name, False, ExactValues(elements=s.elements, differing=s.differing, dtype=self.a.dtype))]
 
 
 @dataclass
 class OneSidedPair(Pair):
     @property
-    def missing_side(self) -> str:
+    def missing_side(self) -> Side:
         return "A" if self.a is None else "B"
 
     def compare(self) -> list[Finding]:
-        return [Finding("missing", self.name, False, {"side": self.missing_side})]
+        return [Finding(self.name, False, Missing(side=self.missing_side))]
 
 
 @dataclass
@@ -149,13 +148,13 @@ class DigestPair(Pair):
             return findings
         kind = self.a.shared_hash(self.b)
         if kind is None:
-            return [Finding("digest", self.name, False, {
-                "a": self.a.label, "b": self.b.label, "values": False, "digests_only": list(self.digests_only),
-                "comparable": False, "hashes": [_hash_kind(self.a), _hash_kind(self.b)]})]
+            return [Finding(self.name, False, DigestDiffers(
+                a=self.a.label, b=self.b.label, values=False, digests_only=list(self.digests_only),
+                comparable=False, hashes=[_hash_kind(self.a), _hash_kind(self.b)]))]
         if getattr(self.a, kind) != getattr(self.b, kind):
-            data = {"a": getattr(self.a, kind), "b": getattr(self.b, kind), "values": False,
-                    "digests_only": list(self.digests_only), "stats": {"a": self.stats[0], "b": self.stats[1]}}
-            findings.append(Finding("digest", self.name, False, data if kind == "md5" else {**data, "hash": kind}))
+            data = DigestDiffers(a=getattr(self.a, kind), b=getattr(self.b, kind), values=False,
+                                 digests_only=list(self.digests_only), stats={"a": self.stats[0], "b": self.stats[1]})
+            findings.append(Finding(self.name, False, data if kind == "md5" else data.model_copy(update={"hash": kind})))
         return findings
 
 
@@ -163,9 +162,9 @@ def _layout_findings(name: str, a: Digest, b: Digest, flattened: bool) -> list[F
     """Failing findings for a dtype and a shape that differ (`flattened`: the values are compared anyway)."""
     findings = []
     if a.dtype != b.dtype:
-        findings.append(Finding("dtype", name, False, {"a": a.dtype, "b": b.dtype}))
+        findings.append(Finding(name, False, DtypeDiffers(a=a.dtype, b=b.dtype)))
     if a.shape != b.shape:
-        findings.append(Finding("shape", name, False, {"a": list(a.shape), "b": list(b.shape), "flattened": flattened}))
+        findings.append(Finding(name, False, ShapeDiffers(a=list(a.shape), b=list(b.shape), flattened=flattened)))
     return findings
 
 

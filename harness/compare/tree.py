@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 from harness.case import ExpectSpec
 from harness.compare.case import CaseComparison, TensorResult, compare_dumps
 from harness.compare.expectations import Bitwise
-from harness.compare.findings import Finding
+from harness.compare.findings import Finding, Missing
 from harness.compare.pairs import OneSidedPair
 from harness.errors import UsageError
 from harness.store.dump import Dump
@@ -194,7 +194,7 @@ def compare_trees(tree_a: str | Path | Tree, tree_b: str | Path | Tree, tensor_m
                      tree_rb.steps[index] if index < len(tree_rb.steps) else None)
             label = prefix + (names[0] or names[1] or "")
             if names[0] is None or names[1] is None:
-                findings.append(Finding("missing", label, False, {"side": "A" if names[0] is None else "B"}))
+                findings.append(Finding(label, False, Missing(side="A" if names[0] is None else "B")))
                 continue
             dump_a, dump_b = tree_ra.step(index), tree_rb.step(index)
             if named and not steps:
@@ -226,7 +226,7 @@ def _rank_pairs(a: Tree, b: Tree, findings: list[Finding]) -> list[tuple[str, Tr
     pairs = []
     for rank in sorted(ranks_a.keys() | ranks_b.keys()):
         if rank not in ranks_a or rank not in ranks_b:
-            findings.append(Finding("missing", rank_folder(rank), False, {"side": "A" if rank not in ranks_a else "B"}))
+            findings.append(Finding(rank_folder(rank), False, Missing(side="A" if rank not in ranks_a else "B")))
             continue
         pairs.append((rank_folder(rank) + "/", ranks_a[rank], ranks_b[rank]))
     return pairs
@@ -245,8 +245,8 @@ def compare_steps(label: str, dump_a: Dump, dump_b: Dump, expect: ExpectSpec | N
     left_out: dict[str, str] = getattr(dump_b, "left_out", {})  # a MappedDump's (harness.capture.mapping)
     for result in comparison.tensors:
         if result.name in left_out:  # "missing on side B" says why
-            result.findings = [replace(f, data={**f.data, "reason": left_out[result.name]}) if f.kind == "missing" else f
-                               for f in result.findings]
+            result.findings = [replace(f, data=f.data.model_copy(update={"reason": left_out[result.name]}))
+                               if isinstance(f.data, Missing) else f for f in result.findings]
     info = _capture_info(dump_a)
     types = {module.name: module.type for module in info.modules} if info else {}
     results = {result.name: result for result in comparison.tensors}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
 
@@ -11,6 +12,7 @@ import numpy as np
 from jinja2 import Environment, PackageLoader
 
 from harness.compare.case import CaseComparison, SideInfo, TensorResult
+from harness.compare.findings import STRUCTURAL
 from harness.compare.metrics import ULP_BUCKETS
 from harness.compare.pairs import FloatPair
 from harness.compare.tree import StepComparison, TreeComparison
@@ -151,7 +153,7 @@ def _exact_view(pair) -> dict | None:
 def _finding_lines(result: TensorResult) -> list[dict]:
     """What fails the tensor, and its structural differences that only are reported (the numbers are in the table)."""
     failing = [f for f in result.findings if not f.passed]
-    reported = [f for f in result.findings if f.passed and f.kind in ("missing", "dtype", "shape")]
+    reported = [f for f in result.findings if f.passed and isinstance(f.data, STRUCTURAL)]
     return ([{"text": line, "passed": False} for line in findings_lines(failing)]
             + [{"text": line, "passed": True} for line in findings_lines(reported)])
 
@@ -160,18 +162,37 @@ def _recorded(environment: dict) -> dict:
     return {k: v for k, v in environment.items() if v not in (None, {}, "") and k not in RETIRED}
 
 
-def fingerprint_view(a: SideInfo, b: SideInfo) -> dict:
+def _shown(fingerprint: dict, name: str) -> str | None:
+    return str(fingerprint[name]) if name in fingerprint else None
+
+
+def _differs(one: dict, other: dict, name: str) -> bool:
+    """Whether a field differs between two fingerprints (one that only one recorded does)."""
+    return (name in one, one.get(name)) != (name in other, other.get(name))
+
+
+def fingerprint_view(a: SideInfo, b: SideInfo, golden: Mapping[str, dict] | None = None) -> dict:
     """Both sides' fingerprints as one table: a row per field either side recorded (A's order, then B's
     own; a value is None where that side did not record it), marked where the values differ (a field only
-    one side recorded differs); and how many differ. The template words it."""
+    one side recorded differs); and how many differ. With a gate's golden (side name -> the fingerprint the
+    golden recorded), a column per side of the golden too, each value marked where it differs from that
+    side's now, and how many fields differ from the golden. The template words it."""
     fa, fb = _recorded(a.environment), _recorded(b.environment)
-    rows = [{"field": f, "a": str(fa[f]) if f in fa else None, "b": str(fb[f]) if f in fb else None,
-             "differs": (f in fa, fa.get(f)) != (f in fb, fb.get(f))}
-            for f in list(fa) + [f for f in fb if f not in fa]]
-    return {"rows": rows, "differing": sum(row["differs"] for row in rows)}
+    ga, gb = (_recorded(golden.get(a.name, {})), _recorded(golden.get(b.name, {}))) if golden is not None else ({}, {})
+    rows = []
+    for name in dict.fromkeys([*fa, *fb, *ga, *gb]):
+        row = {"field": name, "a": _shown(fa, name), "b": _shown(fb, name), "differs": _differs(fa, fb, name)}
+        if golden is not None:
+            row |= {"golden_a": _shown(ga, name), "golden_b": _shown(gb, name),
+                    "drifted_a": _differs(ga, fa, name), "drifted_b": _differs(gb, fb, name)}
+            row["drifted"] = row["drifted_a"] or row["drifted_b"]
+        row["classes"] = " ".join(c for c in ("differs", "drifted") if row.get(c))
+        rows.append(row)
+    return {"rows": rows, "differing": sum(row["differs"] for row in rows), "golden": golden is not None,
+            "drifted": sum(row.get("drifted", False) for row in rows)}
 
 
-def case_view(comparison: CaseComparison) -> dict:
+def case_view(comparison: CaseComparison, golden: Mapping[str, dict] | None = None) -> dict:
     first = comparison.first_divergent
     sides = []
     for label, side in (("A", comparison.a), ("B", comparison.b)):
@@ -188,15 +209,16 @@ def case_view(comparison: CaseComparison) -> dict:
         "status_class": STATUS_CLASSES[comparison.status], "summary": summary_text(comparison),
         "verdict": verdict_text(comparison),
         "first_divergent": first.name if first else None, "sides": sides,
-        "fingerprint": fingerprint_view(comparison.a, comparison.b),
+        "fingerprint": fingerprint_view(comparison.a, comparison.b, golden),
         "inputs": {name: d.to_json() for name, d in comparison.inputs.items()},
         "tensors": [_tensor_view(result, first.name if first else None) for result in comparison.tensors],
         "bitwise_count": sum(result.pair.bitwise for result in comparison.tensors),
     }
 
 
-def write_case_report(comparison: CaseComparison, path: str | Path) -> Path:
-    html = _env.get_template("case.html.j2").render(case=case_view(comparison))
+def write_case_report(comparison: CaseComparison, path: str | Path, golden: Mapping[str, dict] | None = None) -> Path:
+    """The case's report; `golden`: the fingerprints of the golden a gate checked it against (side -> fingerprint)."""
+    html = _env.get_template("case.html.j2").render(case=case_view(comparison, golden))
     return write_text_atomic(path, html)
 
 
@@ -230,15 +252,17 @@ def write_index(entries: list[tuple[CaseComparison, Path]], path: str | Path) ->
     return write_text_atomic(path, _env.get_template("index.html.j2").render(cases=rows, title=title))
 
 
-def write_reports(comparisons: list[CaseComparison], target: str | Path) -> Path:
-    """One report per case; with several, `target` is a folder holding them and index.html (returned)."""
-    target = Path(target)
+def write_reports(comparisons: list[CaseComparison], target: str | Path,
+                  goldens: Mapping[str, Mapping[str, dict]] | None = None) -> Path:
+    """One report per case; with several, `target` is a folder holding them and index.html (returned). `goldens`:
+    a gate's, per case name the fingerprints its golden recorded (a column in its fingerprint table)."""
+    target, goldens = Path(target), goldens or {}
     if len(comparisons) == 1 and target.suffix == ".html":
-        return write_case_report(comparisons[0], target)
+        return write_case_report(comparisons[0], target, goldens.get(comparisons[0].case_name))
     folder = target if target.suffix != ".html" else target.parent
     reserved = ("index",) if target.suffix != ".html" else (target.stem,)
     names = report_file_names([c.case_name for c in comparisons], reserved)
-    entries = [(c, write_case_report(c, folder / name)) for c, name in zip(comparisons, names)]
+    entries = [(c, write_case_report(c, folder / name, goldens.get(c.case_name))) for c, name in zip(comparisons, names)]
     if len(entries) == 1 and target.suffix != ".html":
         return entries[0][1]
     return write_index(entries, target if target.suffix == ".html" else folder / "index.html")

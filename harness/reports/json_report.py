@@ -1,7 +1,8 @@
 """The full comparison as JSON: strict (no Infinity/NaN literals: non-finite floats are the strings
 "inf", "-inf", "nan"), versioned, and one shape for one case or many:
 {"format": "xfalign-report/2", "cases": [...]}. Each tensor carries its findings as data, each with
-its words from reports/text.py.
+its words from reports/text.py. Its JSON Schema ships in the package: report.schema.json beside this module,
+made from the models of harness.reports.json_schema.
 
 /2 (from /1): per tensor, "pair" (its kind) and "findings" as objects; "exact" is gone (pair says it);
 per case, "unavailable" (side -> reason) beside "reason".

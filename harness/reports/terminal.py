@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.compare.case import CaseComparison, SideInfo
+from harness.compare.findings import STRUCTURAL, NoGolden, NotApplicable
 from harness.compare.tree import StepComparison, TreeComparison
 from harness.gate import GateResult, TreeGateResult
 from harness.reports.text import (
@@ -59,7 +60,7 @@ STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "n/a": "bold yellow"}
 # per column of TABLE_COLUMNS
 _JUSTIFY: tuple[JustifyMethod, ...] = ("left",) * 5 + ("center",) + ("right",) * 4 + ("left",) * 3 + ("center",)
 MAX_FAILURE_LINES = 20  # per step: a divergence early in a model makes every later tensor fail
-STRUCTURAL = ("missing", "dtype", "shape", "not-applicable")  # findings listed under the table, and marked in it
+LISTED = (*STRUCTURAL, NotApplicable)  # findings listed under the table (the structural ones marked in it)
 
 
 def _plain(console: Console, line: str) -> None:
@@ -78,7 +79,7 @@ def comparison_table(comparison: CaseComparison) -> Table:
         table.add_column(column, justify=justify)
     for result in comparison.tensors:
         pair = result.pair
-        structural = any(f.kind in STRUCTURAL[:3] for f in result.findings)  # the shape cell is marked
+        structural = any(isinstance(f.data, STRUCTURAL) for f in result.findings)  # the shape cell is marked
         cells = [  # plain text: names and shapes are never read as rich markup
             pair.name,
             str(list(pair.digest.shape)) + ("*" if structural else ""),
@@ -129,7 +130,7 @@ def print_comparison(comparison: CaseComparison, console: Console) -> None:
     for side in (comparison.a, comparison.b):
         print_nondeterministic(side.name, side.nondeterministic, console)
     for result in comparison.tensors:
-        for line in findings_lines([f for f in result.findings if f.kind in STRUCTURAL]):
+        for line in findings_lines([f for f in result.findings if isinstance(f.data, LISTED)]):
             _plain(console, f"  * {line}")
         if result.pair.note:
             _plain(console, f"  note: {note_text(result.name, result.pair.note)}")
@@ -203,7 +204,7 @@ def print_tree_comparison(tree: TreeComparison, console: Console) -> None:
 
 def print_tree_gate_result(result: TreeGateResult, console: Console) -> None:
     """One capture step against its golden: written or updated, passing, or what drifted (the first named)."""
-    created = any(finding.kind == "no-golden" for finding in result.failures)  # the failure says it was written
+    created = any(isinstance(finding.data, NoGolden) for finding in result.failures)  # the failure says it was written
     if result.update is not None and not created:
         _plain(console, golden_update_text(result.case_name, result.update, result.written))
     if result.passed:

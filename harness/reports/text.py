@@ -1,14 +1,36 @@
-"""The words of every result, in one place: findings, verdicts, tables and gate lines. The terminal,
-JSON and HTML reports, the gate and the pytest plugin say what they say through this module (plain
-text; each reporter escapes for its medium). Nothing here decides a verdict."""
+"""The words of every result, in one place: findings, verdicts, tables and gate lines. The terminal, JSON and
+HTML reports, the command line and the pytest plugin say what a result is through this module (plain text; each
+reporter escapes for its medium). Nothing here decides a verdict. The command line's own lines (progress, files
+written, errors) are harness.cli_text's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import groupby
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from harness.compare.findings import GOLDEN, PAIR_KINDS, Finding
+from harness.compare.findings import (
+    GOLDEN,
+    PAIR_KINDS,
+    DigestDiffers,
+    DtypeDiffers,
+    EnvironmentChanged,
+    ExactErrorOverBound,
+    ExactValues,
+    Finding,
+    FloatValues,
+    InputChanged,
+    Missing,
+    NeedsValues,
+    NoGolden,
+    Nondeterministic,
+    NoReference,
+    NotApplicable,
+    OtherGenerator,
+    Payload,
+    ShapeDiffers,
+    WorseThan,
+)
 from harness.fingerprint import label as field_label
 
 if TYPE_CHECKING:
@@ -124,19 +146,19 @@ def _metric_text(metric: str, value: float) -> str:
     return f"{value:,.0f} ULP" if metric == "max_ulp" else f"{value:.3g}u normwise"
 
 
-def _exact_error(d: dict) -> str:
-    text = f"side {d['side']} is {_metric_text(d['metric'], d['measured'])} from exact (bound {_metric_text(d['metric'], d['bound'])})"
-    if d.get("class_mismatch"):
-        text += f"; {d['class_mismatch']:,} elements NaN/Inf where exact is not, or the reverse"
+def _exact_error(d: ExactErrorOverBound) -> str:
+    text = f"side {d.side} is {_metric_text(d.metric, d.measured)} from exact (bound {_metric_text(d.metric, d.bound)})"
+    if d.class_mismatch:
+        text += f"; {d.class_mismatch:,} elements NaN/Inf where exact is not, or the reverse"
     return text
 
 
-def _no_worse(d: dict) -> str:
-    factor = f"{d['factor']:g}x " if d["factor"] != 1 else ""
-    text = (f"side {d['side']} is {d['normwise_u']:.3g}u normwise from exact, more than {factor}side {d['than']}'s "
-            f"{d['than_normwise_u']:.3g}u")
-    if d["class_mismatch"] > d["than_class_mismatch"]:
-        text += f"; {d['class_mismatch']:,} NaN/Inf mismatches against {d['than_class_mismatch']:,}"
+def _no_worse(d: WorseThan) -> str:
+    factor = f"{d.factor:g}x " if d.factor != 1 else ""
+    text = (f"side {d.side} is {d.normwise_u:.3g}u normwise from exact, more than {factor}side {d.than}'s "
+            f"{d.than_normwise_u:.3g}u")
+    if d.class_mismatch > d.than_class_mismatch:
+        text += f"; {d.class_mismatch:,} NaN/Inf mismatches against {d.than_class_mismatch:,}"
     return text
 
 
@@ -187,17 +209,17 @@ def _first(index: int | None) -> str:
     return "" if index is None else f" (first at flat index {index})"
 
 
-def _float_values(d: dict) -> str:
-    parts = [f"{d['differing']:,} of {d['elements']:,} elements differ"]
-    if d["measured"]:
-        where = f" (max at flat index {d['max_ulp_flat_index']})" if d["max_ulp_flat_index"] is not None else ""
-        parts += [f"max {d['max_ulp']} ULP{where}", f"max abs {d['max_abs']:.3g}"]
-    if d["nan_mismatch"] or d["inf_mismatch"]:
-        parts.append(f"{d['nan_mismatch']} NaN and {d['inf_mismatch']} Inf mismatches")
-    if d["signed_zero_only"]:
-        parts.append(f"{d['signed_zero_only']} differ only in the sign of zero" + _first(d["signed_zero_first_index"]))
-    if d["nan_payload_only"]:
-        parts.append(f"{d['nan_payload_only']} differ only in NaN payload" + _first(d["nan_payload_first_index"]))
+def _float_values(d: FloatValues) -> str:
+    parts = [f"{d.differing:,} of {d.elements:,} elements differ"]
+    if d.measured:
+        where = f" (max at flat index {d.max_ulp_flat_index})" if d.max_ulp_flat_index is not None else ""
+        parts += [f"max {d.max_ulp} ULP{where}", f"max abs {d.max_abs:.3g}"]
+    if d.nan_mismatch or d.inf_mismatch:
+        parts.append(f"{d.nan_mismatch} NaN and {d.inf_mismatch} Inf mismatches")
+    if d.signed_zero_only:
+        parts.append(f"{d.signed_zero_only} differ only in the sign of zero" + _first(d.signed_zero_first_index))
+    if d.nan_payload_only:
+        parts.append(f"{d.nan_payload_only} differ only in NaN payload" + _first(d.nan_payload_first_index))
     return ", ".join(parts)
 
 
@@ -211,10 +233,10 @@ def _hash_of(d: dict) -> str:
     return d["md5"] if d.get("md5") else f"fast:{d.get('fast64', '')}"
 
 
-def _digest_pair(golden: dict | None, now: dict | None) -> str:
+def _input_change(d: InputChanged) -> str:
     """An input's digest in the golden and now: dtype, shape, and as much of each hash as tells them apart."""
-    hashes = distinct_prefixes(_hash_of(golden) if golden else "", _hash_of(now) if now else "")
-    texts = [f"{d['dtype']} {d['shape']} {h}" if d is not None else "none" for d, h in zip((golden, now), hashes)]
+    hashes = distinct_prefixes(_hash_of(d.golden) if d.golden else "", _hash_of(d.now) if d.now else "")
+    texts = [f"{j['dtype']} {j['shape']} {h}" if j is not None else "none" for j, h in zip((d.golden, d.now), hashes)]
     return f"{texts[0]} → {texts[1]}"
 
 
@@ -222,7 +244,7 @@ def _recorded(value) -> str:
     return "not recorded" if value is None else str(value)
 
 
-def _stats_change(stats: dict) -> str:
+def _stats_change(stats: dict[str, dict | None]) -> str:
     """Where both sides recorded stats of a digest-only tensor: the first that differs, e.g. "norm 3.2 vs 3.21"."""
     a, b = stats.get("a"), stats.get("b")
     if not a or not b:
@@ -234,70 +256,70 @@ def _stats_change(stats: dict) -> str:
     return ""
 
 
-def _digest_change(d: dict) -> str:
-    if d.get("comparable") is False:  # a capture with hash="fast" against one with MD5 only
-        hashes = d.get("hashes") or ["?", "?"]
+def _digest_change(d: DigestDiffers) -> str:
+    if not d.comparable:  # a capture with hash="fast" against one with MD5 only
+        hashes = d.hashes or ["?", "?"]
         return (f"not comparable: side A recorded {_HASH_NAMES.get(hashes[0], hashes[0])}, side B "
                 f"{_HASH_NAMES.get(hashes[1], hashes[1])}; capture both with the same hash "
                 "(capture(..., hash=\"md5\") or hash=\"fast\" on both sides)")
-    a, b = distinct_prefixes(d["a"], d["b"])
-    change = f"{'fast hash' if d.get('hash') == 'fast64' else 'digest'} {a} → {b}"
-    if d["values"]:
+    a, b = distinct_prefixes(d.a or "", d.b or "")
+    change = f"{'fast hash' if d.hash == 'fast64' else 'digest'} {a} → {b}"
+    if d.values:
         return change + ", yet every element is equal"
-    if d.get("digests_only"):  # a capture in digest mode
-        return change + f" (side {' and '.join(d['digests_only'])} recorded digests only: no values to measure ULP)" \
-            + _stats_change(d.get("stats") or {})
+    if d.digests_only:  # a capture in digest mode
+        return change + f" (side {' and '.join(d.digests_only)} recorded digests only: no values to measure ULP)" \
+            + _stats_change(d.stats or {})
     return change + " (the golden holds no values to measure ULP)"
 
 
-def _no_golden(d: dict) -> str:
-    if d.get("unreadable"):
-        return f"golden unreadable: {d['unreadable']}; repair it, or rewrite it with --update"
-    if d.get("written"):
-        return f"no golden yet: wrote {d['written']}; this fails once: run the gate again to check against it"
+def _no_golden(d: NoGolden) -> str:
+    if d.unreadable:
+        return f"golden unreadable: {d.unreadable}; repair it, or rewrite it with --update"
+    if d.written:
+        return f"no golden yet: wrote {d.written}; this fails once: run the gate again to check against it"
     return "no golden yet, and the check policy writes none: run without it to write one"
 
 
 _HASH_NAMES = {"md5": "MD5 only", "fast64": "the fast hash only (fast64)", "md5+fast64": "MD5 and the fast hash"}
 
-_DETAILS: dict[str, Callable[[dict], str]] = {
-    "missing": lambda d: f"missing on side {d['side']}" + (f" ({d['reason']})" if d.get("reason") else ""),
-    "dtype": lambda d: f"dtype differs: {d['a']} vs {d['b']}",
-    "shape": lambda d: f"shape differs: {d['a']} vs {d['b']}" + ("; values compared flattened" if d["flattened"] else ""),
-    "float-values": _float_values,
-    "exact-values": lambda d: f"{d['differing']:,} of {d['elements']:,} elements differ",
-    "not-applicable": lambda d: f"{d['expectation']} does not apply to {d['dtype']} values, which are equal or not "
-                                "(expect bitwise)",
-    "digest": lambda d: _digest_change(d),
-    "needs-values": lambda d: f"{d['expectation']} needs full tensors: side {' and '.join(d['sides'])} recorded "
-                              "digests only (capture this module in full: compare --refetch FILE, then "
-                              "capture(..., mode=\"digests-then-full\", refetch=FILE))",
-    "exact-error": _exact_error,
-    "no-worse-than": _no_worse,
-    "no-reference": lambda d: f"{d['expectation']} cannot be judged" + (f" for side {d['side']}" if d.get("side") else "")
-                              + f": {reason_text(d['reason'])}",
-    "input": lambda d: _digest_pair(d["golden"], d["now"]),
-    "generator": lambda d: (f"inputs made by generator {d['golden']}, this run uses {d['now']}: update the goldens "
-                            "(xfalign gate ... --update); the tensors were not compared with them"),
-    "nondeterministic": lambda d: f"{d['distinct']} different digests in {d['repeats']} repeats on side {d['side']} "
-                                  "(nondeterministic there; not a cross-framework difference)",
-    "no-golden": lambda d: _no_golden(d),
-    "environment": lambda d: f"{field_label(d['field'])} {_recorded(d['golden'])} → {_recorded(d['now'])}",
+# Each kind's payload (harness.compare.findings) in words; the argument is of the key's class.
+_DETAILS: dict[type[Payload], Callable[[Any], str]] = {
+    Missing: lambda d: f"missing on side {d.side}" + (f" ({d.reason})" if d.reason else ""),
+    DtypeDiffers: lambda d: f"dtype differs: {d.a} vs {d.b}",
+    ShapeDiffers: lambda d: f"shape differs: {d.a} vs {d.b}" + ("; values compared flattened" if d.flattened else ""),
+    FloatValues: _float_values,
+    ExactValues: lambda d: f"{d.differing:,} of {d.elements:,} elements differ",
+    NotApplicable: lambda d: f"{d.expectation} does not apply to {d.dtype} values, which are equal or not (expect bitwise)",
+    DigestDiffers: _digest_change,
+    NeedsValues: lambda d: f"{d.expectation} needs full tensors: side {' and '.join(d.sides)} recorded "
+                           "digests only (capture this module in full: compare --refetch FILE, then "
+                           "capture(..., mode=\"digests-then-full\", refetch=FILE))",
+    ExactErrorOverBound: _exact_error,
+    WorseThan: _no_worse,
+    NoReference: lambda d: f"{d.expectation} cannot be judged" + (f" for side {d.side}" if d.side else "")
+                           + f": {reason_text(d.reason)}",
+    InputChanged: _input_change,
+    OtherGenerator: lambda d: (f"inputs made by generator {d.golden}, this run uses {d.now}: update the goldens "
+                                 "(xfalign gate ... --update); the tensors were not compared with them"),
+    Nondeterministic: lambda d: f"{d.distinct} different digests in {d.repeats} repeats on side {d.side} "
+                                "(nondeterministic there; not a cross-framework difference)",
+    NoGolden: _no_golden,
+    EnvironmentChanged: lambda d: f"{field_label(d.field)} {_recorded(d.golden)} → {_recorded(d.now)}",
 }
 
 
 def detail_text(finding: Finding) -> str:
     """What was found, without whose it is: e.g. "3 of 64 elements differ, max 1 ULP, max abs 0.002"."""
-    if finding.expected == GOLDEN and finding.kind == "missing":
-        return "new tensor, not in the golden" if finding.data["side"] == "A" else "in the golden, not produced now"
-    return _DETAILS[finding.kind](finding.data)
+    if finding.expected == GOLDEN and isinstance(finding.data, Missing):
+        return "new tensor, not in the golden" if finding.data.side == "A" else "in the golden, not produced now"
+    return _DETAILS[type(finding.data)](finding.data)
 
 
 def _lead(finding: Finding) -> str:
     """Whose the finding is, and what it was held to, before its details."""
-    if finding.kind == "input":
+    if isinstance(finding.data, InputChanged):
         return f"input {finding.tensor}: "
-    drifted = finding.expected == GOLDEN and finding.kind != "missing"
+    drifted = finding.expected == GOLDEN and not isinstance(finding.data, Missing)
     if drifted:
         return f"{finding.tensor}: drifted from the golden: "
     if finding.expected not in (None, GOLDEN) and not finding.passed:
@@ -339,6 +361,7 @@ def gate_lines(findings: list[Finding]) -> list[str]:
 
 
 def environment_change_text(finding: Finding) -> str:
+    """One changed fingerprint field: `side: field golden → now`."""
     return f"{finding.tensor}: {detail_text(finding)}"
 
 
@@ -410,10 +433,6 @@ TREE_COLUMNS = ("module", "call", "phase", "tensor", "shape", "dtype", "md5 A", 
 PHASE_LABELS = {"params": "params (start)", "forward": "forward", "backward": "backward", "grads": "grads (end)",
                 "": "-"}
 FIRST_DIVERGENT_MARK = " <- first divergent"  # after the tensor's name in the terminal's table
-REFETCH_HEADER = ("# xfalign refetch: per side, the modules whose tensors differ (or whose digests differ and\n"
-                  "# have no values). Give it to capture(..., mode=\"digests-then-full\", refetch=THIS_FILE).\n")
-
-
 def tree_side_text(label: str, side: TreeSide) -> str:
     """A capture tree in one line: `A megatron (megatron): MLP, 3 steps, mode digest, at dumps/megatron`."""
     ranks = f", ranks {', '.join(map(str, side.ranks))}" if side.ranks else ""
@@ -487,15 +506,6 @@ def more_lines_text(count: int) -> str:
     return f"... and {count} more (every tensor is in the JSON and HTML reports)"
 
 
-def refetch_written_text(path, sides: dict[str, list[str]]) -> str:
-    counts = ", ".join(f"{side} {len(modules)}" for side, modules in sides.items())
-    return f"refetch list (modules per side: {counts}): {path}"
-
-
-def map_written_text(path) -> str:
-    return f"map suggestion: {path}"
-
-
 def tree_gate_pass_text(label: str) -> str:
     return f"{label}: digests match the golden"
 
@@ -512,8 +522,9 @@ def gate_pass_text(case_name: str) -> str:
     return f"{case_name}: expectations hold, digests match the golden"
 
 
-def environment_changed_text(changes: list[str]) -> str:
-    return "environment changed since the golden: " + "; ".join(changes)
+def environment_changed_text(changes: list[Finding]) -> str:
+    """The fingerprint fields that changed since the golden (GateResult.environment_changes)."""
+    return "environment changed since the golden: " + "; ".join(environment_change_text(f) for f in changes)
 
 
 CODE_CHANGED = "environment fingerprint unchanged since the golden: the code changed"
@@ -541,91 +552,20 @@ def unused_golden_text(path) -> str:
     return f"unused golden: {path}: no case of this run produces it"
 
 
-def missing_class_text(root, environment_class: str, present: list[str], case_files: list[str]) -> str:
-    """One line for a machine whose class has no goldens: which class it is, how to create them."""
-    there = f" (classes there: {', '.join(present)})" if present else ""
-    return (f"this run's environment class is {environment_class}; {root} has no goldens for it{there}. "
-            f"Create them with: xfalign gate {' '.join(case_files)} --baseline {root} --update")
-
-
 def golden_written_text(case_name: str, update: GoldenUpdate, folder, fails: bool) -> str:
     """The pytest plugin wrote a golden: missing (the item fails once), or rewritten by force-regen/regen-all."""
     tail = "; this test fails once: run it again to check against it" if fails else ""
     return f"golden {case_name}: {update_text(update)} in {folder}{tail}"
 
 
-def progress_line(done: int, total: int, case_name: str, elapsed_s: float) -> str:
-    """A run of several cases printed where the output is not a terminal: one line as each case's
-    result comes, before that result."""
-    return f"[{done}/{total}] {case_name} ({elapsed_s:.1f} s)"
-
-
-# -- the command line's own lines ---------------------------------------------------------------------------
-
-
-def running_text(case_name: str) -> str:
-    return f"running {case_name}"
-
-
-def sweep_summary_text(sweep: str, points: int, passed: int, unavailable: int, failing: list[str]) -> str:
-    """One line per sweep: `sweep linear: 3 points, 2 pass, 1 N/A; not passing: ...`."""
-    counts = f"{passed} pass" + (f", {unavailable} N/A" if unavailable else "")
-    tail = f"; not passing: {', '.join(failing)}" if failing else ""
-    return f"sweep {sweep}: {points} points, {counts}{tail}"
-
-
-def written_text(what: str, path) -> str:
-    """`JSON: path`, `HTML report: path`."""
-    return f"{what}: {path}"
-
-
-def crash_text(case_name: str, error) -> str:
-    return f"CRASH {case_name}: {error}"
-
-
-def golden_unreadable_text(case_name: str, error) -> str:
-    return f"golden {case_name}: unreadable, rewriting it ({error})"
-
-
 def golden_update_text(case_name: str, update: GoldenUpdate, path) -> str:
+    """The gate wrote a golden (the command line, a tree's step): what it changed, and where."""
     return f"golden {case_name}: {update_text(update)} (wrote {path})"
 
 
-def goldens_written_text(written: list[str], total: int) -> str:
-    names = f": {', '.join(written)}" if 0 < len(written) < total else ""
-    return f"goldens written: {len(written)} of {total}{names}"
-
-
-def tree_goldens_written_text(written: list[str], steps: list[str]) -> str:
-    """An update of a tree's goldens goes in step order: one stopped part way wrote the first of them."""
-    if 2 < len(written) < len(steps) and written == steps[:len(written)]:
-        return (f"goldens written: {len(written)} of {len(steps)}: the first {len(written)} steps, {written[0]} to "
-                f"{written[-1]}; the others are as they were")
-    return goldens_written_text(written, len(steps))
-
-
-def gate_summary_text(passed: int, failed: int, crashed: int) -> str:
-    return f"gate: {passed} passed, {failed} failed" + (f", {crashed} crashed" if crashed else "")
-
-
-def error_line(error) -> str:
-    return f"xfalign: error: {error}"
-
-
 def warning_line(text: str) -> str:
+    """A warning of the command line or the pytest plugin (e.g. an unused golden)."""
     return f"xfalign: warning: {text}"
-
-
-def jobs_capped_text(asked: int, cores: int) -> str:
-    return f"-j {asked} is more than the {cores} cores here: running up to {cores} cases at once"
-
-
-def interrupted_line(signal_name: str) -> str:
-    return f"xfalign: interrupted by {signal_name}"
-
-
-def internal_error_line(kind: str, first_line: str, debug: bool) -> str:
-    return f"xfalign: internal error: {kind}: {first_line}" + ("" if debug else " (run with --debug for the traceback)")
 
 
 # -- float64 replay (harness.capture.replay_exact) -----------------------------------------------------
