@@ -12,7 +12,7 @@ import numpy as np
 
 from harness.case import Case, SideSpec, user_function_file
 from harness.frameworks import FrameworkAdapter
-from harness.ops import Impl, family_for, framework_impls
+from harness.ops import Impl, OpFamily, family_for, framework_impls
 from harness.store.digest import Digest
 
 
@@ -100,14 +100,19 @@ class SideOutput:
 
 
 def execute(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], adapter: FrameworkAdapter,
-            device: str, impl: Impl | None = None) -> SideOutput:
+            device: str, impl: Impl | None = None, rank: int = 0, world: int = 1) -> SideOutput:
     """Forward, backward with the generated upstream gradients, capture. `impl`: run this instead of the
-    side's implementation, in the case's own layout (the float64 reference)."""
+    side's implementation, in the case's own layout (the float64 reference). In a world of several ranks the
+    implementation is handed this rank's pieces of the inputs (the family's shardings) and what is captured
+    is this rank's pieces of the outputs and gradients."""
     family = family_for(case.op, case.source)
     layouts = family.layouts.get(side.framework, {}) if impl is None else {}
     impl = impl or load_impl(case, side, adapter)
     options = family.options(case).model_dump()
     differentiable = set(family.grad_inputs(case))
+    whole = arrays
+    if world > 1:
+        arrays = _pieces(family, case, side.framework, arrays, rank, world)
 
     def to_framework(name: str, array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(array, layouts[name])) if name in layouts else array
@@ -117,7 +122,12 @@ def execute(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], adapter: 
 
     tensors = {name: adapter.to_tensor(to_framework(name, array), device, name in differentiable)
                for name, array in arrays.items()}
-    consumed = {name: Digest.of(from_framework(name, adapter.to_numpy(t)), xxh3=False) for name, t in tensors.items()}
+    consumed = {}
+    for name, tensor in tensors.items():
+        held = from_framework(name, adapter.to_numpy(tensor))
+        # a rank's piece that holds exactly its bits stands for the whole input it was cut from
+        exact_piece = world > 1 and held.shape == arrays[name].shape and held.tobytes() == arrays[name].tobytes()
+        consumed[name] = Digest.of(whole[name] if exact_piece else held, xxh3=False)
     result = impl.fn(*(tensors.get(name) for name in family.signature), options)
     outputs = _check_result(result, case, side, adapter, bool(differentiable))
     adapter.backward([outputs[name] for name in family.upstream], [tensors[g] for g in family.upstream.values()])
@@ -128,3 +138,13 @@ def execute(case: Case, side: SideSpec, arrays: dict[str, np.ndarray], adapter: 
         if grad is not None:
             captured[f"grad.{name}"] = from_framework(name, adapter.to_numpy(grad))
     return SideOutput(captured, consumed, impl.provenance_for(options))
+
+
+def _pieces(family: OpFamily, case: Case, framework: str, arrays: dict[str, np.ndarray], rank: int,
+            world: int) -> dict[str, np.ndarray]:
+    """This rank's pieces of the inputs: each as the family splits it; an output's upstream gradient as that
+    output; the rest whole (replicated)."""
+    shardings = family.shardings(case, framework)
+    split_as = {name: name for name in arrays} | {grad: out for out, grad in family.upstream.items()}
+    return {name: shardings[split_as[name]].shard(array, rank, world) if split_as[name] in shardings else array
+            for name, array in arrays.items()}

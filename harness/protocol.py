@@ -78,6 +78,11 @@ class SideJob(_CaseJob):
     side: str
     repeat: int = Field(1, ge=1)
     then: ReferenceJob | None = None
+    # a side of several ranks (tensor parallel): this worker's rank, the world's size, and where the ranks meet
+    # (a file the framework's store uses); the dump is this rank's, of its pieces
+    rank: int = Field(default=0, ge=0)
+    world: int = Field(default=1, ge=1)
+    rendezvous: str | None = None
 
     @property
     def framework(self) -> str:

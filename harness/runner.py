@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +52,9 @@ from harness.ops import family_for, reference_framework
 from harness.protocol import Dumped, Failed, Job, OutputFailed, Prepare, ProtocolError, ReferenceJob, Result, SideJob, decode_result, encode
 from harness.reaper import claim, kill_descendants, sweep
 from harness.run_options import DEFAULT_SIDE_TIMEOUT_S, RunOptions
+from harness.store.atomic import unsynced
 from harness.store.dump import INPUTS_FILE, Dump, DumpError, write_inputs
+from harness.store.ranks import assemble_dumps, rank_dump_dir
 
 OUTPUT_TAIL_LINES = 15
 _POLL_S = 0.05
@@ -388,6 +390,103 @@ class _Slot:
         return SideCrashed(f"side {job.side!r} exited before writing its dump (exit {code}){_tail(job.log, process.log)}")
 
 
+class _RankSlot(_Slot):
+    """The `world` rank workers of a side that runs on several ranks (tensor parallel): one torch.distributed
+    world, started together, each sent the job with its rank and its own dump folder, and stopped together. A
+    rank that crashes, hangs, fails or answers out of step ends them all (its peers would wait in a
+    collective for ever): the case fails, and the next one starts a fresh world."""
+
+    def __init__(self, pool: WorkerPool, key: tuple, queue: deque, index: int, world: int):
+        self.world = world
+        self.processes: list[_Process] = []
+        self.rendezvous = ""
+        super().__init__(pool, key, queue, index)
+
+    def _stop_all(self) -> None:
+        for process in self.processes:
+            process.stop()
+        self.processes, self.process = [], None
+
+    def _run(self, job: _Job) -> Result:
+        if any(process.exited() for process in self.processes):  # one died while idle: the world is gone
+            self._stop_all()
+        fresh = not self.processes
+        if fresh:
+            self.rendezvous = str(self.pool.workdir / f"world-{next(self.pool._counter)}.store")
+            self.processes = [self._spawn() for _ in range(self.world)]
+            self.process = self.processes[0]
+        started = min(p.started for p in self.processes) if fresh else time.monotonic()
+        messages = [self._message(job.message, rank) for rank in range(self.world)]
+        sent = [process.send(message) for process, message in zip(self.processes, messages)]
+        return self._await_ranks(job, started, sent)
+
+    def _message(self, message: Job, rank: int) -> Job:
+        if not isinstance(message, SideJob):
+            return message  # Prepare: every rank imports its framework
+        return message.model_copy(update={"rank": rank, "world": self.world, "rendezvous": self.rendezvous,
+                                          "dump": str(rank_dump_dir(message.dump, rank)),
+                                          "log": message.log if rank == 0 else str(_rank_log(message.log, rank))})
+
+    def _await_ranks(self, job: _Job, started: float, sent: list[bool]) -> Result:
+        """Every rank's record (rank 0's returned, with the others' checked); the first rank that fails,
+        dies or times out ends the world."""
+        results: dict[int, Result] = {}
+        while len(results) < self.world:
+            if self.pool._closed:
+                self._stop_all()
+                raise PoolClosed("the worker pool was closed")
+            for rank, process in enumerate(self.processes):
+                if rank in results:
+                    continue
+                log = job.log if rank == 0 else _rank_log(job.log, rank)
+                try:
+                    result = process.receive(_POLL_S / self.world) if sent[rank] else None
+                except ProtocolError as error:
+                    self._stop_all()
+                    raise SideCrashed(f"side {job.side!r} rank {rank}: {error}{_tail(log, process.log)}") from None
+                if result is not None:
+                    if isinstance(result, (Failed, OutputFailed)):  # its peers may wait on it in a collective
+                        self._crashed_peer(job)  # a peer that died makes the others fail: it is the cause
+                        self._stop_all()
+                        return result.model_copy(update={"error": f"rank {rank}: {result.error}"})
+                    results[rank] = result
+                elif not sent[rank] or process.exited():
+                    self._raise_crash(job, rank)
+            if time.monotonic() - started > job.timeout:
+                waiting = [rank for rank in range(self.world) if rank not in results]
+                tails = "".join(_tail(_rank_log(job.log, r) if r else job.log, self.processes[r].log) for r in waiting[:1])
+                self._stop_all()
+                raise SideCrashed(f"side {job.side!r} timed out after {job.timeout:g} s (ranks "
+                                  f"{', '.join(map(str, waiting))} of {self.world} had not finished){tails}")
+        return results[0]
+
+
+    def _crashed_peer(self, job: _Job) -> None:
+        """A rank that failed may only have lost its peer: a rank that exits within _PEER_GRACE_S is the crash."""
+        deadline = time.monotonic() + _PEER_GRACE_S
+        while True:
+            for rank, process in enumerate(self.processes):
+                if process.exited():
+                    self._raise_crash(job, rank)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(_POLL_S)
+
+    def _raise_crash(self, job: _Job, rank: int) -> None:
+        process = self.processes[rank]
+        self._stop_all()
+        crash = self._crash(job, process)
+        raise SideCrashed(str(crash).replace(f"side {job.side!r}", f"side {job.side!r} rank {rank}", 1))
+
+
+_PEER_GRACE_S = 1.0
+
+
+def _rank_log(log: str | Path, rank: int) -> Path:
+    log = Path(log)
+    return log.with_name(f"{log.stem}.rank{rank}{log.suffix}")
+
+
 class WorkerPool:
     """Long-lived workers, one per (framework, device, numerics profile) (more per key where `jobs`
     allows: jobs // 2 each), started when a case first needs one, reused by every case, restarted after
@@ -523,7 +622,11 @@ class WorkerPool:
             queue.append(job)
             slots = self._slots.setdefault(key, [])
             busy = len(queue) + sum(slot.process is not None for slot in slots)
-            if len(slots) < self.workers_per_key and (not slots or busy > len(slots)):
+            world = _world_of(key)
+            if world > 1:  # one world per key: another would start `world` more processes
+                if not slots:
+                    slots.append(_RankSlot(self, key, queue, 0, world))
+            elif len(slots) < self.workers_per_key and (not slots or busy > len(slots)):
                 slots.append(_Slot(self, key, queue, len(slots)))
             self._wake.notify_all()
 
@@ -538,12 +641,20 @@ def current_pool() -> WorkerPool | None:
 
 
 def _key(case: Case, side: str, profile: NumericsProfile) -> tuple:
-    """Which worker runs a side: what must be set before its framework is imported."""
-    return _worker_key(case.sides[side].framework, case.device_of(side), profile)
+    """Which worker runs a side: what must be set before its framework is imported, and the number of ranks
+    it runs on (a side of several ranks has a world of rank workers of its own)."""
+    framework = case.sides[side].framework
+    key = _worker_key(framework, case.device_of(side), profile)
+    world = family_for(case.op, case.source).ranks(case, framework)
+    return key + (("ranks", world),) if world > 1 else key
 
 
 def _worker_key(framework: str, device: str, profile: NumericsProfile) -> tuple:
     return (framework, device, json.dumps(profile.model_dump(mode="json"), sort_keys=True))
+
+
+def _world_of(key: tuple) -> int:
+    return key[3][1] if len(key) > 3 else 1
 
 
 def _reference_key(case: Case, profile: NumericsProfile) -> tuple:
@@ -553,7 +664,9 @@ def _reference_key(case: Case, profile: NumericsProfile) -> tuple:
     framework = reference_framework(case)
     assert framework is not None  # asked only for a case whose family has a reference
     host = next((side for side, spec in case.sides.items() if spec.framework == framework), None)
-    return _key(case, host, profile) if host is not None else _worker_key(framework, "cpu", profile)
+    if host is None or _world_of(_key(case, host, profile)) > 1:  # the reference runs on one rank
+        return _worker_key(framework, "cpu", profile)
+    return _key(case, host, profile)
 
 
 NO_REFERENCE_RUN = "the float64 reference was not run (--no-reference)"
@@ -574,6 +687,20 @@ def _reference_result(job: Future, folder: Path) -> tuple[Dump | None, str, dict
         return Dump.read(folder, check_bytes=False), "", result.timings
     except DumpError as error:
         return None, f"the float64 reference wrote a dump that cannot be read back: {error}", result.timings
+
+
+def _assembled(case: Case, side: str, folder: Path, world: int, durable: bool) -> Dump:
+    """The canonical dump of a side that ran on `world` ranks, made from its ranks' dumps (each checked
+    against its digests as it is read) and written at `folder`."""
+    ranks = [Dump.read(rank_dump_dir(folder, rank)) for rank in range(world)]
+    shardings = family_for(case.op, case.source).shardings(case, case.sides[side].framework)
+    dump = assemble_dumps(ranks, shardings)
+    try:
+        with nullcontext() if durable else unsynced():
+            dump.write(folder)
+    except (OSError, SafetensorError) as error:
+        raise OutputError(f"cannot write the dump {folder}: {_write_failure(error)} ({_ROOM_HINT})") from None
+    return dump
 
 
 def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, Dumped]:
@@ -673,8 +800,10 @@ def run_case(case: Case, dump_dirs: dict[str, Path] | None = None, options: RunO
         for side in sides:
             path = dump_dirs[side]
             timings[side] = results[side].timings
+            world = _world_of(_key(case, side, profile))
             try:
-                dumps[side] = Dump.read(path, check_bytes=False)  # verified inside the comparison pass
+                dumps[side] = (_assembled(case, side, path, world, durable(path)) if world > 1
+                               else Dump.read(path, check_bytes=False))  # verified inside the comparison pass
             except DumpError as error:
                 raise SideCrashed(f"side {side!r} wrote a dump that cannot be read back: {error}") from None
         exact, exact_missing = None, NO_REFERENCE_RUN

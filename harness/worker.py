@@ -72,11 +72,14 @@ def run_side(job: SideJob, arrays: dict, adapter: FrameworkAdapter, timings: dic
         raise NotAvailable(reason)  # a result (N/A), not a crash
     adapter.use_device(device)
     adapter.apply_profile(profile)
+    if job.world > 1:
+        assert job.rendezvous is not None  # the runner gives every rank of a world its meeting place
+        adapter.join_world(job.rank, job.world, job.rendezvous, device)
     # The family's settings hold for forward and backward, as in a training run, and are read there.
     with adapter.deterministic(family_for(case.op, case.source).deterministic(case)):
         compiled = adapter.compile_stats()
         started = time.perf_counter()
-        output = execute(case, case.sides[side_name], arrays, adapter, device)
+        output = execute(case, case.sides[side_name], arrays, adapter, device, rank=job.rank, world=job.world)
         if timings is not None:
             timings.setdefault("op_s", []).append(time.perf_counter() - started)
             for name, value in adapter.compile_stats().items():  # compilation inside the op (torch.compile)
@@ -116,6 +119,8 @@ def run_job(job: CaseJob, timings: dict | None = None) -> Path:
     started = time.perf_counter()
     arrays = read_inputs(Path(job.inputs))
     timings["read_inputs_s"] = time.perf_counter() - started
+    if job.world > 1:
+        meta |= {"rank": job.rank, "world": job.world}
     try:
         runs = [run_side(job, arrays, adapter, timings) for _ in range(job.repeat)]
     except NotAvailable as reason:

@@ -128,7 +128,7 @@ def test_layout_rank_must_match(scaled_case):
 def test_builtins_are_entry_points_and_module_class_names_work():
     assert {"swiglu", "moe_combine", "linear"} <= set(known_families())
     assert type(family_for("harness.ops.linear:LinearFamily")) is type(family_for("linear"))
-    assert set(framework_impls("linear", "paddle")) == {"matmul_add", "functional_linear", "fused_linear"}
+    assert set(framework_impls("linear", "paddle")) == {"matmul_add", "functional_linear", "fused_linear", "tp_sharded"}
 
 
 def test_entry_point_from_an_installed_distribution(tmp_path, monkeypatch):

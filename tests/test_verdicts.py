@@ -276,7 +276,9 @@ def test_builtin_provenance_names_installed_file_and_version():
     megatron_dir = Path(megatron.core.__file__).resolve().parent
     provenance = framework_impls("swiglu", "megatron")["megatron"].provenance_for(swiglu)
     assert f"megatron-core {mcore}, {megatron_dir / 'fusions' / 'fused_bias_swiglu.py'}" in provenance
-    linear = framework_impls("linear", "megatron")["megatron"].provenance_for({"gradient_accumulation_fusion": False})
+    from harness.ops.linear import LinearOptions
+
+    linear = framework_impls("linear", "megatron")["megatron"].provenance_for(LinearOptions().model_dump())
     assert f"megatron-core {mcore}, {megatron_dir / 'tensor_parallel' / 'layers.py'}" in linear
     moe = framework_impls("moe_combine", "megatron")["megatron"].provenance_for(
         {"deterministic": False, "routing": "map"})

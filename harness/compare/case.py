@@ -12,12 +12,12 @@ from pydantic import ValidationError
 from harness.case import REFERENCE_SIDE, ExpectSpec
 from harness.compare.arbiter import NOT_GIVEN, arbitrate
 from harness.compare.expectations import Expectation, tag_names
-from harness.compare.findings import Finding
+from harness.compare.findings import Finding, ReplicasDiffer
 from harness.compare.pairs import Pair, originate
 from harness.errors import XfalignError, field_text, validation_problem
 from harness.frameworks import adapter_for
 from harness.store.digest import Digest, StreamCheck
-from harness.store.dump import META_FILE, CheckedTensors, Dump, DumpError
+from harness.store.dump import CheckedTensors, Dump, DumpError
 
 
 class InputMismatch(XfalignError):
@@ -127,8 +127,7 @@ def recorded_expect(dump: Dump) -> ExpectSpec:
     except ValidationError as error:
         location, message = validation_problem(error)
         location = tuple(part for part in location if part not in tag_names())  # pydantic's, not the file's
-        raise DumpError(f"{dump.directory or 'dump'}: {META_FILE}: {field_text(('case', 'expect', *location))}: "
-                        f"{message}") from None
+        raise DumpError.in_meta(dump.directory, field_text(("case", "expect", *location)), message) from None
 
 
 def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None, exact: Dump | None = None,
@@ -175,9 +174,19 @@ def compare_dumps(a: Dump, b: Dump, expect: ExpectSpec | None = None, exact: Dum
         pair.exact = arbitrate(xa, xb, reference, sides, None if exact is not None else exact_missing, pair.name,
                                identical=pair.bitwise)
     results = [TensorResult.judge(pair, expect.for_tensor(pair.name)) for pair in pairs]
+    for result in results:
+        result.findings += _replicas_differ(result.pair.name, (a, b))
     return CaseComparison(a.meta["case_name"], SideInfo.of(a), SideInfo.of(b), results, a.input_digests,
                           reference=SideInfo.of(exact) if exact is not None else None,
                           reference_missing=None if exact is not None else exact_missing)
+
+
+def _replicas_differ(name: str, dumps: tuple[Dump, Dump]) -> list[Finding]:
+    """A failing finding for each side that ran on several ranks and whose ranks hold different bits of a
+    tensor that must be replicated (harness.store.ranks)."""
+    return [Finding(name, False, ReplicasDiffer(side=dump.side, ranks=dump.meta["replicas_differ"][name],
+                                                world=dump.meta["world"]))
+            for dump in dumps if name in dump.meta.get("replicas_differ", {})]
 
 
 def _check_reference(a: Dump, exact: Dump) -> None:

@@ -187,6 +187,16 @@ class Nondeterministic(Payload):
     repeats: int
 
 
+class ReplicasDiffer(Payload):
+    """A tensor every rank must hold whole and alike (an all-reduced output, a replicated bias's gradient) whose
+    bits differ between the ranks of one side: a failing finding whatever the tensor's expectation."""
+
+    kind: ClassVar[str] = "replicas-differ"
+    side: str
+    ranks: list[int]  # the ranks whose copy differs from rank 0's
+    world: int
+
+
 class NoGolden(Payload):
     """No golden to check against: none yet (`written`: where one was written now), or one that cannot be read."""
 

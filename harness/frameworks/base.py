@@ -246,6 +246,11 @@ class FrameworkAdapter(ABC):
         """(rank, world size) when the framework's distributed environment is initialized, else None."""
         return None
 
+    def join_world(self, rank: int, world: int, rendezvous: str, device: str) -> None:
+        """Join the world of `world` rank workers (a side that runs on several ranks), meeting at the file
+        `rendezvous`; kept for the worker's life (its next cases run in the same world)."""
+        raise NotImplementedError(f"{self.name} does not run a side on several ranks here")
+
 
 def outputs_in_order(result: Any, names: list[str]) -> tuple:
     """A forward's result as a tuple (a dict's values in its order), remembering the dict's keys in names."""

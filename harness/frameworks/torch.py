@@ -329,6 +329,19 @@ class TorchAdapter(FrameworkAdapter):
             return None
         return distributed.get_rank(), distributed.get_world_size()
 
+    def join_world(self, rank: int, world: int, rendezvous: str, device: str) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            if (dist.get_rank(), dist.get_world_size()) != (rank, world):
+                raise RuntimeError(f"this worker is rank {dist.get_rank()} of {dist.get_world_size()}, asked to be "
+                                   f"rank {rank} of {world}")
+            return
+        # a FileStore in the run's temporary folder: no port to pick, nothing left behind
+        store = dist.FileStore(rendezvous, world)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=store, rank=rank, world_size=world)
+        _World.joined = True
+
     # -- what decides the bits ------------------------------------------------------------------------
 
     def fingerprint(self, device: str, profile) -> dict:
@@ -463,21 +476,30 @@ def device_digest(tensor) -> PendingDigest:
     return PendingDigest(name, tuple(int(n) for n in tensor.shape), detached.numel() * detached.element_size(), handle)
 
 
+class _World:
+    joined = False  # this worker is a rank of a world (join_world): kept, with Megatron's state on it, for its life
+
+
 def _destroy_process_groups() -> None:
     """Megatron's parallel state and every torch.distributed group a case left behind; not the group a job
-    holds for its float64 reference (harness.frameworks.megatron_group.hold), torn down when the hold ends."""
+    holds for its float64 reference (harness.frameworks.megatron_group.hold), torn down when the hold ends,
+    nor a rank worker's world (its next case runs in it)."""
     group = sys.modules.get("harness.frameworks.megatron_group")
     if group is not None and group.holds_world():
         return
     megatron_state = sys.modules.get("megatron.core.parallel_state")
     if megatron_state is not None:
-        megatron_state.destroy_model_parallel()
         random = sys.modules.get("megatron.core.tensor_parallel.random")
         if random is not None and hasattr(random, "get_cuda_rng_tracker"):
             try:
                 random.get_cuda_rng_tracker().reset()
             except Exception:  # no tracker made on this path
                 pass
+        if _World.joined:
+            return
+        megatron_state.destroy_model_parallel()
+    if _World.joined:
+        return
     distributed = sys.modules.get("torch.distributed")
     if distributed is not None and distributed.is_available() and distributed.is_initialized():
         distributed.destroy_process_group()

@@ -28,6 +28,7 @@ from harness.compare.findings import (
     NotApplicable,
     OtherGenerator,
     Payload,
+    ReplicasDiffer,
     ShapeDiffers,
     WorseThan,
 )
@@ -303,6 +304,9 @@ _DETAILS: dict[type[Payload], Callable[[Any], str]] = {
                                  "(xfalign gate ... --update); the tensors were not compared with them"),
     Nondeterministic: lambda d: f"{d.distinct} different digests in {d.repeats} repeats on side {d.side} "
                                 "(nondeterministic there; not a cross-framework difference)",
+    ReplicasDiffer: lambda d: (f"side {d.side} ran on {d.world} ranks, and rank{'s' if len(d.ranks) > 1 else ''} "
+                               f"{', '.join(map(str, d.ranks))} hold{'' if len(d.ranks) > 1 else 's'} other bits than "
+                               "rank 0 of a tensor every rank must hold alike (replicated)"),
     NoGolden: _no_golden,
     EnvironmentChanged: lambda d: f"{field_label(d.field)} {_recorded(d.golden)} → {_recorded(d.now)}",
 }

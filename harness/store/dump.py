@@ -79,6 +79,12 @@ class DumpMeta(BaseModel):
     repeats: dict[str, list[str | None]] = {}  # tensor -> MD5 per repeat, when run more than once
     tensors: list[TensorEntry] = []
     capture: CaptureInfo | None = None  # a step of a model capture (harness.capture)
+    # a side on several ranks: a rank's own dump says which rank of how many; the canonical dump made from
+    # them (harness.store.ranks) says how many, how each tensor was split, and which replicas differed
+    rank: int | None = None
+    world: int | None = None
+    shardings: dict[str, str] = {}
+    replicas_differ: dict[str, list[int]] = {}
 
 
 def meta_text(meta: dict) -> str:
@@ -110,6 +116,11 @@ def validated_meta(meta: dict, where: str) -> dict:
 
 class DumpError(XfalignError):
     """A dump directory that cannot be read."""
+
+    @classmethod
+    def in_meta(cls, directory: Path | None, field: str, message: str) -> DumpError:
+        """A field of a dump's meta.json that is not what it must be, named with the file it is in."""
+        return cls(f"{directory or 'dump'}: {META_FILE}: {field}: {message}")
 
 
 class IntegrityError(DumpError):

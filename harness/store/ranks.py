@@ -1,0 +1,68 @@
+"""The dumps of a side that ran on several ranks (tensor parallel): where each rank's dump lives, and the one
+dump in the canonical (one-rank) layout made from them, which is what is compared.
+
+    <side dump>                  the canonical dump: meta.json says `world`, each tensor's sharding, and the
+                                 replicas whose bits differ between ranks
+    <side dump>.rank-00000/ ...  each rank's own dump (its pieces), kept beside it
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from harness.sharding import Sharding, ShardingError
+from harness.store.dump import Dump, DumpError
+from harness.store.tree_format import rank_folder
+
+
+def rank_dump_dir(side_dir: str | Path, rank: int) -> Path:
+    side_dir = Path(side_dir)
+    return side_dir.with_name(f"{side_dir.name}.{rank_folder(rank)}")
+
+
+def sharding_of(name: str, shardings: dict[str, Sharding]) -> Sharding:
+    """A tensor's split: an output's as declared, a gradient `grad.x` as its input x; else a replica."""
+    return shardings.get(name.removeprefix("grad."), Sharding())
+
+
+def assemble_dumps(dumps: list[Dump], shardings: dict[str, Sharding]) -> Dump:
+    """The canonical dump of one side from its ranks' dumps (rank order): each tensor put together as the
+    family splits it, replicas checked bit for bit (`replicas_differ`: tensor -> the ranks that differ from
+    rank 0). Rank 0's meta otherwise: what ran, the environment, the inputs as consumed (each rank records the
+    whole input its exact piece was cut from)."""
+    first = dumps[0]
+    world = len(dumps)
+    for rank, dump in enumerate(dumps):
+        if dump.meta.get("world", 1) != world or dump.meta.get("rank", 0) != rank:
+            raise DumpError(f"{dump.directory}: rank {dump.meta.get('rank', 0)} of {dump.meta.get('world', 1)}, "
+                            f"expected rank {rank} of {world}")
+        if dump.names != first.names:
+            raise DumpError(f"{dump.directory}: rank {rank} recorded {', '.join(dump.names) or 'nothing'}; rank 0 "
+                            f"{', '.join(first.names) or 'nothing'}")
+    meta = {key: value for key, value in first.meta.items() if key not in ("tensors", "rank")}
+    tensors: dict[str, np.ndarray] = {}
+    differ: dict[str, list[int]] = {}
+    for name in first.names:
+        sharding = sharding_of(name, shardings)
+        try:
+            tensors[name], ranks = sharding.assemble([dump.tensors[name] for dump in dumps])
+        except ShardingError as error:
+            raise DumpError(f"{first.directory}: tensor {name}: {error}") from None
+        if ranks:
+            differ[name] = ranks
+    meta["shardings"] = {name: sharding_of(name, shardings).describe() for name in first.names}
+    meta["replicas_differ"] = differ
+    if first.meta.get("repeats"):
+        meta["repeats"] = {name: [_joined([dump.meta["repeats"][name][k] for dump in dumps])
+                                  for k in range(len(md5s))] for name, md5s in first.meta["repeats"].items()}
+    return Dump(meta, tensors)
+
+
+def _joined(md5s: list[str | None]) -> str | None:
+    """One digest per repeat for all ranks: it varies between repeats exactly when some rank's does."""
+    if any(md5 is None for md5 in md5s):
+        return None
+    return hashlib.md5(",".join(md5s).encode()).hexdigest()  # type: ignore[arg-type]
