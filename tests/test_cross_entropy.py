@@ -70,23 +70,15 @@ def test_megatron_and_paddle_variants_end_to_end(write_case, tmp_path):
 
 def test_paddle_loss_stops_near_64_where_megatron_goes_on(write_case):
     """Paddle's CPU softmax clips logits at max - 64 (ValueClip), so CrossEntropyLoss's loss of a token whose target
-    lies 80 below the max is about 64; Megatron's is the exact 80 and more."""
-    text = CASE.replace("std: 3.0}", "std: 1.0}").replace("impl: megatron_formula", "impl: cross_entropy")
-    case = load_case(write_case(text))
-    run = run_case(case)
-    logits = generate_inputs(case)["logits"].astype(np.float64)
-    target = generate_inputs(case)["target"]
-    gap = logits.max(-1) - np.take_along_axis(logits, target[..., None], -1)[..., 0]
-    assert gap.max() < 10  # no clipping at std 1: both sides agree closely
-    megatron, paddle = (run.dumps[side].tensors["loss"] for side in ("megatron", "paddle"))
-    assert np.allclose(megatron, paddle, rtol=1e-5)
-
-    wide = text.replace("std: 1.0}", "std: 1.0, special_values: [80.0], special_fraction: 0.01}")
-    run = run_case(load_case(write_case(wide, "wide.yaml")))
+    lies about 80 below the max is about 64; Megatron's is the exact 80 and more. Tokens without such a gap agree."""
+    text = CASE.replace("std: 3.0}", "std: 1.0, special_values: [80.0], special_fraction: 0.002}") \
+        .replace("impl: megatron_formula", "impl: cross_entropy")
+    run = run_case(load_case(write_case(text)))
     megatron, paddle = (run.dumps[side].tensors["loss"] for side in ("megatron", "paddle"))
     capped = megatron > 70
-    assert capped.any()
+    assert 0 < capped.sum() < capped.size
     assert (paddle[capped] < 64 + math.log(256) + 1).all() and (megatron[capped] > paddle[capped] + 5).all()
+    assert np.allclose(megatron[~capped], paddle[~capped], rtol=1e-5)
 
 
 def test_what_is_not_available_here(write_case, tmp_path):
