@@ -25,6 +25,10 @@ class LinearMegatron(Implementations, family=LinearFamily, framework="megatron")
                                      tensor_model_parallel_size=tp, sequence_parallel=options["sequence_parallel"],
                                      gradient_accumulation_fusion=options["gradient_accumulation_fusion"])
         device = x.device.type
+        if options["sequence_parallel"] and device != "cuda":
+            raise NotAvailable("sequence_parallel: megatron-core allocates its all-gather and reduce-scatter buffers on "
+                               "CUDA (megatron/core/utils.py get_tensor, tensor_parallel/mappings.py "
+                               "_reduce_scatter_along_first_dim): it needs GPUs")
         column = options["parallel"] == "column"
         with model_parallel_group(device, tp):
             if device == "cuda":
