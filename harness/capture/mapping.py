@@ -18,6 +18,9 @@
       - a: "decoder.layers.{i}.mlp.experts:param.weight1"                 # experts: one capture ({e}) on
         b: "layers.{i}.mlp.experts.{e}.w1:param.weight"                  # one side only runs over parts
         split: {axis: 0, stack: true, count: 8}                           # stacked into a new axis 0
+      - a: "decoder.layers.{i}.mlp.linear_fc1:{role:param|grad}.weight"   # A captured at TP > 1: each
+        b: "decoder.layers.{i}.mlp.linear_fc1:{role}.weight"              # rank holds [gate_r; up_r]
+        shard: {a: {axis: 0, group: tp, interleave: 2}}
     ignore:                                    # tensors with no counterpart, on purpose (not reported)
       b: ["layers.{i}.mlp.up_proj#{c}:input.0"]     # the same input as gate_proj's
 
@@ -43,6 +46,19 @@ a module or tensor of its side in some step; an empty map is refused when loaded
 must (a tensor it does not mention keeps its name), but an entry that pairs nothing is a typo or a map made
 for other trees.
 
+Sharding (a side captured on several ranks: its tree has rank-NNNNN folders): `shard: {a: {...}, b: {...}}`
+says, per side, how that side's tensors matched by the entry's patterns of that side (each part, where
+several) are split across the ranks of a parallel group: `axis` (of the tensor each rank holds, in its own
+side's layout), `group` (the parallel group; only `tp` now: the tensor-parallel group, every rank of the
+capture, as a capture records no other layout) and `interleave` (blocks per rank along the axis: Megatron's
+gated fc1 holds `[gate_r; up_r]` per rank, interleave 2, so the canonical `[gate; up]` is
+`[gate_0; gate_1; up_0; up_1]`; harness.sharding). Before anything is paired or mapped, each step of a
+tree of several ranks is put together in the canonical (one-rank) layout: a tensor a shard declares is
+assembled from the ranks' pieces; every other tensor is a replica, checked bit-identical on every rank (a
+replicas-differ finding otherwise). A split tensor that some rank holds digest-only cannot be assembled:
+it is left out with the reason. Two trees of the same world size whose map declares no shard are compared
+rank by rank instead (harness.compare.tree). A shard on a side of one rank has nothing to assemble.
+
 Digest-only tensors: renamed with their digest when the layout keeps their bytes (a rename, or a permute
 that moves only axes of size 1); otherwise they cannot be made without their bytes and are left out,
 listed in `MappedDump.left_out` with the reason (re-capture them in full: digests-then-full).
@@ -61,6 +77,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
 from harness.errors import XfalignError, describe_value, validation_problem
+from harness.sharding import Sharding
 from harness.store.digest import digests_of
 from harness.store.dump import Dump
 from harness.store.tree import Tree
@@ -72,6 +89,7 @@ MAX_MAP_BYTES = 1 << 20
 Side = Literal["a", "b"]
 SIDES: tuple[Side, Side] = ("a", "b")
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
+PARALLEL_GROUPS = ("tp",)  # a capture records no parallel layout: its one group is its world, tensor parallel
 
 
 class MapError(XfalignError):
@@ -151,6 +169,25 @@ def _literal(text: str) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Shard(_Strict):
+    """How one side's tensor is split across the ranks of a parallel group (see the module's docstring)."""
+
+    axis: StrictInt
+    group: str = "tp"
+    interleave: PositiveInt = 1
+
+    @field_validator("group")
+    @classmethod
+    def _known_group(cls, group: str) -> str:
+        if group not in PARALLEL_GROUPS:
+            raise ValueError(f"group {group!r}: only tensor-parallel groups are assembled now "
+                             f"({', '.join(PARALLEL_GROUPS)}: every rank of the capture)")
+        return group
+
+    def sharding(self) -> Sharding:
+        return Sharding(self.axis, self.interleave)
 
 
 class _LayoutChecks(_Strict):
@@ -245,6 +282,7 @@ class TensorEntrySpec(_LayoutChecks):
     permute: list[StrictInt] | None = None
     transpose: StrictBool = False
     split: Split | None = None
+    shard: dict[Side, Shard] = {}
     note: str = ""
 
     @field_validator("a", "b")
@@ -307,6 +345,7 @@ class _TensorEntry:
     parts: dict[str, list[tuple[str, Pattern]]]  # side -> [(part name, pattern)]
     layout: Layout
     split: Split | None
+    shard: dict[Side, Shard] = field(default_factory=dict)
     fused: Side | None = None  # the side holding one fused tensor, when the entry splits
     gathered: str | None = None  # the capture (on the parts side only) that runs over the parts
     a_captures: tuple[str, ...] = ()
@@ -334,7 +373,7 @@ def _compile_tensor_entry(spec: TensorEntrySpec, where: str) -> _TensorEntry:
         if len(captures[side]) > 1:
             raise _FieldError((side,), "every part must use the same captures")
     ca, cb = next(iter(captures["a"])), next(iter(captures["b"]))
-    entry = _TensorEntry(where, parts, layout, spec.split, a_captures=parts["a"][0][1].captures)
+    entry = _TensorEntry(where, parts, layout, spec.split, dict(spec.shard), a_captures=parts["a"][0][1].captures)
     if ca != cb:
         one_sided = ca ^ cb
         parts_side: Side = "b" if cb > ca else "a"
@@ -386,6 +425,7 @@ class _Source:
 
     array: np.ndarray | None
     entry: dict | None
+    why: str | None = None  # not there to translate: why (a split tensor a rank held digest-only)
 
 
 # --- the map ------------------------------------------------------------------------------------------
@@ -477,6 +517,19 @@ class TensorMap:
         line, name = line_and_field(self.lines, location)
         return MapError(_one_line(f"{self.source}:{line}: {name}: {message}"))
 
+    @property
+    def declares_sharding(self) -> bool:
+        return any(entry.shard for entry in self.tensor_entries)
+
+    def sharding(self, side: Side, name: str) -> Sharding | None:
+        """How tensor `name` of `side` is split across that side's ranks: the shard of the first tensor entry
+        whose `side` patterns match it (first match wins, as in translation); None: a replica."""
+        hit = self._entry_hit(name, side)
+        if hit is None:
+            return None
+        shard = self.tensor_entries[hit[0]].shard.get(side)
+        return None if shard is None else shard.sharding()
+
     def ignored(self, side: Side, name: str) -> bool:
         """Whether `name` of `side` is in the map's ignore list (no counterpart on purpose)."""
         return any(pattern.match(name) is not None for pattern in self.ignore[side])
@@ -497,10 +550,14 @@ class TensorMap:
         for name, entry in dump_b.unstored.items():
             entries.setdefault(name, {"name": name, **entry, "stored": False})
 
+        absent: dict[str, str] = dict(getattr(dump_b, "left_out", {}))  # B's, assembling its ranks
+
         def fetch(name: str) -> _Source:
+            if name in absent:
+                return _Source(None, None, absent[name])
             return _Source(dump_b.tensors[name] if name in dump_b.tensors else None, entries[name])
 
-        made = self._translate(names, "b", fetch)
+        made = self._translate(names + [name for name in absent if name not in names], "b", fetch)
         tensors: dict[str, np.ndarray] = {}
         result = MappedDump(copy.deepcopy(dump_b.meta), tensors, order=[], directory=dump_b.directory)
         fresh = {name: out.array for name, out in made.outputs.items() if out.array is not None and out.entry is None}
@@ -522,6 +579,11 @@ class TensorMap:
                 meta_entries.append({**out.entry, "name": name, "stored": False})
             result.order.append(name)  # type: ignore[union-attr]
         result.meta["tensors"] = meta_entries
+        differ = dump_b.meta.get("replicas_differ") or {}
+        if differ:  # B's replicas whose ranks differ (harness.store.ranks), under the A names made of them
+            result.meta["replicas_differ"] = {
+                name: sorted({rank for source in sources for rank in differ.get(source, [])})
+                for name, sources in made.sources.items() if any(source in differ for source in sources)}
         result.left_out, result.sources, result.how = made.left_out, made.sources, made.how
         result.unmapped, result.ignored = made.unmapped, made.ignored
         return result
@@ -649,6 +711,9 @@ class TensorMap:
         made.sources[new_name] = sources
         if layout.describe():
             made.how[new_name] = f"{layout.describe()} of {sources[0]}"
+        if got.why is not None:
+            made.left_out[new_name] = got.why
+            return
         try:
             if got.array is not None:
                 array = layout.apply(got.array, to_a)
@@ -698,6 +763,10 @@ class TensorMap:
             made.left_out[name] = f"{len(names)} parts found ({entry.gathered} = {', '.join(order)}), the map says {count}"
             return
         got = [fetch(part) for part in names]
+        why = next((g.why for g in got if g.why is not None), None)
+        if why is not None:
+            made.left_out[name] = why
+            return
         if any(g.array is None for g in got):
             digest_only = next(n for n, g in zip(names, got) if g.array is None)
             made.left_out[name] = f"{digest_only} is digest-only: joining parts needs full tensors (capture them in full)"
@@ -719,6 +788,11 @@ class TensorMap:
         """The source's one fused tensor -> several target tensors."""
         assert entry.split is not None
         got = fetch(name)
+        if got.why is not None:
+            for _, pattern in entry.parts[target]:
+                if entry.gathered is None:
+                    made.left_out[pattern.format(values)] = got.why
+            return
         split = entry.split
         shape = got.array.shape if got.array is not None else tuple(got.entry["shape"]) if got.entry else ()
         try:

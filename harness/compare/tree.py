@@ -1,6 +1,10 @@
 """Comparison of two capture trees (harness.store.tree_format), step by step.
 
-Steps are paired by position (a step one tree lacks is a failing "missing" finding). Each step's B dump is
+Steps are paired by position (a step one tree lacks is a failing "missing" finding). A tree of several
+ranks (tensor parallel) has each step put together in the canonical (one-rank) layout first
+(harness.store.ranks.assemble_step), its split tensors as the map's `shard:` declares them, every other
+tensor a replica checked bit-identical across its ranks; two trees of one world size whose map declares no
+shard are compared rank by rank instead. Each step's B dump is
 put in A's names and layouts by the map (harness.capture.mapping `TensorMap.to_a`; without a map the
 names must agree), then compared as any two dumps (harness.compare.case.compare_dumps; by default every
 tensor is held bitwise). The result adds what a whole model needs: the records of A's execution order,
@@ -22,8 +26,10 @@ from harness.compare.expectations import Bitwise
 from harness.compare.findings import Finding, Missing
 from harness.compare.pairs import OneSidedPair
 from harness.errors import UsageError
+from harness.sharding import Sharding
 from harness.store.dump import Dump
-from harness.store.tree import Tree, read_tree
+from harness.store.ranks import assemble_step
+from harness.store.tree import Tree, TreeError, read_tree
 from harness.store.tree_format import CaptureInfo, ModuleInfo, TensorName, rank_folder
 
 
@@ -38,6 +44,11 @@ class TensorMap(Protocol):
     def ignored(self, side: Literal["a", "b"], name: str) -> bool: ...
 
     def to_a(self, dump_b: Dump) -> Dump: ...
+
+    @property
+    def declares_sharding(self) -> bool: ...
+
+    def sharding(self, side: Literal["a", "b"], name: str) -> Sharding | None: ...
 
     def module_pairs(self, modules_a: list[str], modules_b: list[str] | None = None) -> dict[str, list[str]]: ...
 
@@ -187,7 +198,7 @@ def compare_trees(tree_a: str | Path | Tree, tree_b: str | Path | Tree, tensor_m
     expect = expect or TREE_EXPECT
     findings: list[Finding] = []
     steps: list[StepComparison] = []
-    for prefix, tree_ra, tree_rb in _rank_pairs(a, b, findings):
+    for prefix, tree_ra, tree_rb in _rank_pairs(a, b, tensor_map):
         count = max(len(tree_ra.steps), len(tree_rb.steps))
         for index in range(count):
             names = (tree_ra.steps[index] if index < len(tree_ra.steps) else None,
@@ -196,13 +207,14 @@ def compare_trees(tree_a: str | Path | Tree, tree_b: str | Path | Tree, tensor_m
             if names[0] is None or names[1] is None:
                 findings.append(Finding(label, False, Missing(side="A" if names[0] is None else "B")))
                 continue
-            dump_a, dump_b = tree_ra.step(index), tree_rb.step(index)
+            dump_a, dump_b = _step(tree_ra, index, "a", tensor_map), _step(tree_rb, index, "b", tensor_map)
             if named and not steps:
                 _check_names_meet(a, b, label, dump_a, dump_b)
+            left_out_a: dict[str, str] = dict(getattr(dump_a, "left_out", {}))
             if tensor_map is not None:
                 dump_b = tensor_map.to_a(dump_b)
             ignored = None if tensor_map is None else (lambda name: tensor_map.ignored("a", name))
-            steps.append(compare_steps(label, dump_a, dump_b, expect, ignored))
+            steps.append(compare_steps(label, dump_a, dump_b, expect, ignored, left_out_a))
     return TreeComparison(TreeSide.of(a), TreeSide.of(b), None if map_path is None else str(map_path), steps,
                           findings, tensor_map)
 
@@ -217,32 +229,42 @@ def _check_names_meet(a: Tree, b: Tree, label: str, dump_a: Dump, dump_b: Dump) 
                          "check it, then compare with --map map.yaml")
 
 
-def _rank_pairs(a: Tree, b: Tree, findings: list[Finding]) -> list[tuple[str, Tree, Tree]]:
-    """The trees to compare rank by rank ("" and the trees themselves for one process each); a rank one
-    side lacks is a failing "missing" finding."""
-    if not a.ranks and not b.ranks:
-        return [("", a, b)]
-    ranks_a, ranks_b = a.ranks or {0: a}, b.ranks or {0: b}
-    pairs = []
-    for rank in sorted(ranks_a.keys() | ranks_b.keys()):
-        if rank not in ranks_a or rank not in ranks_b:
-            findings.append(Finding(rank_folder(rank), False, Missing(side="A" if rank not in ranks_a else "B")))
-            continue
-        pairs.append((rank_folder(rank) + "/", ranks_a[rank], ranks_b[rank]))
-    return pairs
+def _rank_pairs(a: Tree, b: Tree, tensor_map: TensorMap | None) -> list[tuple[str, Tree, Tree]]:
+    """The trees to compare: rank by rank (the rank folder as prefix) where both trees have the same ranks
+    and the map declares no shard; else ("", a, b), each step of a tree of several ranks assembled (_step)."""
+    if a.ranks and b.ranks and a.ranks.keys() == b.ranks.keys() and not (tensor_map and tensor_map.declares_sharding):
+        return [(rank_folder(rank) + "/", a.ranks[rank], b.ranks[rank]) for rank in sorted(a.ranks)]
+    return [("", a, b)]
+
+
+def _step(tree: Tree, index: int, side: Literal["a", "b"], tensor_map: TensorMap | None) -> Dump:
+    """Step `index` of `tree`; of a tree of several ranks, put together in the canonical layout (the map's
+    shards; every other tensor a replica)."""
+    if not tree.ranks:
+        return tree.step(index)
+    name = tree.steps[index]
+    short = [f"{rank_folder(rank)} has {len(rank_tree.steps)}" for rank, rank_tree in sorted(tree.ranks.items())
+             if name not in rank_tree.steps]
+    if short:
+        raise TreeError(f"{tree.path}: {name} is not in every rank ({', '.join(short)} step(s)): a rank's capture "
+                        "ended early")
+    dumps = [tree.ranks[rank].step(name) for rank in sorted(tree.ranks)]
+    return assemble_step(dumps, lambda tensor: None if tensor_map is None else tensor_map.sharding(side, tensor))
 
 
 def compare_steps(label: str, dump_a: Dump, dump_b: Dump, expect: ExpectSpec | None = None,
-                  ignored_a: Callable[[str], bool] | None = None) -> StepComparison:
+                  ignored_a: Callable[[str], bool] | None = None,
+                  left_out_a: dict[str, str] | None = None) -> StepComparison:
     """One step: the dumps compared (B already in A's names), then arranged by A's records. `ignored_a`:
-    A tensors with no counterpart on purpose (the map's `ignore.a`), left out when B lacks them."""
+    A tensors with no counterpart on purpose (the map's `ignore.a`), left out when B lacks them.
+    `left_out_a`: A tensors its ranks' pieces could not make (why), as B's left out by the map."""
     comparison = compare_dumps(dump_a, dump_b, expect or TREE_EXPECT)
     comparison.case_name = label
     if ignored_a is not None:
         comparison.tensors = [result for result in comparison.tensors
                               if not (isinstance(result.pair, OneSidedPair) and result.pair.b is None
                                       and ignored_a(result.name))]
-    left_out: dict[str, str] = getattr(dump_b, "left_out", {})  # a MappedDump's (harness.capture.mapping)
+    left_out: dict[str, str] = {**getattr(dump_b, "left_out", {}), **(left_out_a or {})}  # a MappedDump's, an AssembledDump's
     for result in comparison.tensors:
         if result.name in left_out:  # "missing on side B" says why
             result.findings = [replace(f, data=f.data.model_copy(update={"reason": left_out[result.name]}))

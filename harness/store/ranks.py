@@ -9,6 +9,8 @@ dump in the canonical (one-rank) layout made from them, which is what is compare
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +68,65 @@ def _joined(md5s: list[str | None]) -> str | None:
     if any(md5 is None for md5 in md5s):
         return None
     return hashlib.md5(",".join(md5s).encode()).hexdigest()  # type: ignore[arg-type]
+
+
+@dataclass
+class AssembledDump(Dump):
+    """A capture step put together from its ranks' steps (`assemble_step`)."""
+
+    left_out: dict[str, str] = field(default_factory=dict)  # name -> why it could not be assembled
+
+
+_DIGEST_KEYS = ("dtype", "shape", "md5", "xxh3", "fast64")
+
+
+def assemble_step(dumps: list[Dump], sharding_for: Callable[[str], Sharding | None]) -> AssembledDump:
+    """One capture step in the canonical layout from its ranks' dumps (rank order): a tensor `sharding_for`
+    splits is put together from the pieces; every other one is a replica, rank 0's copy kept and the ranks
+    whose bits (or, digest-only, digests) differ listed in meta `replicas_differ`. A split tensor some rank
+    holds digest-only cannot be put together: left out (`left_out`, with the reason). Rank 0's meta and
+    capture records otherwise (every rank records the same names)."""
+    first, world = dumps[0], len(dumps)
+    for rank, dump in enumerate(dumps[1:], 1):
+        if dump.names != first.names:
+            only = sorted(set(dump.names) ^ set(first.names)) or ["(the same names in another order)"]
+            raise DumpError(f"{dump.directory}: rank {rank} recorded other tensors than rank 0 ({first.directory}): "
+                            f"{', '.join(only[:3])}{' ...' if len(only) > 3 else ''}")
+    tensors: dict[str, np.ndarray] = {}
+    unstored: dict[str, dict] = {}
+    stats: dict[str, dict] = {}
+    differ: dict[str, list[int]] = {}
+    shardings: dict[str, str] = {}
+    left_out: dict[str, str] = {}
+    for name in first.names:
+        sharding = sharding_for(name) or Sharding()
+        digest_only = [rank for rank, dump in enumerate(dumps) if name not in dump.tensors]
+        if not sharding.replicated:
+            shardings[name] = sharding.describe()
+        if digest_only and not sharding.replicated:
+            left_out[name] = (f"{name} is {sharding.describe()} across {world} ranks and digest-only on rank "
+                              f"{digest_only[0]}: assembling it needs the full pieces (capture it in full)")
+            continue
+        if digest_only:
+            entries = [dump.unstored.get(name) or _entry_of(dump, name) for dump in dumps]
+            unstored[name] = entries[0]
+            ranks = [r for r, e in enumerate(entries[1:], 1) if any(e.get(k) != entries[0].get(k) for k in _DIGEST_KEYS)]
+        else:
+            try:
+                tensors[name], ranks = sharding.assemble([dump.tensors[name] for dump in dumps])
+            except ShardingError as error:
+                raise DumpError(f"{first.directory}: tensor {name}: {error} ({world} ranks)") from None
+            if sharding.replicated and name in first.stats:
+                stats[name] = first.stats[name]
+        if ranks:
+            differ[name] = ranks
+    meta = {key: value for key, value in first.meta.items() if key != "tensors"}
+    meta.update(world=world, shardings=shardings, replicas_differ=differ)
+    order = [name for name in first.names if name not in left_out]
+    return AssembledDump(meta, tensors, unstored=unstored, stats=stats, order=order, directory=first.directory,
+                         left_out=left_out)
+
+
+def _entry_of(dump: Dump, name: str) -> dict:
+    """A stored tensor's digest entry as recorded (to compare with another rank's digest-only one)."""
+    return next((entry for entry in dump.meta.get("tensors", []) if entry["name"] == name), {})

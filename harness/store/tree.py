@@ -17,7 +17,7 @@ from harness.errors import XfalignError, field_text, validation_problem
 from harness.schema import NAME_RULE, is_safe_name
 from harness.store.atomic import fsync_dir, fsync_file, remove_tree, replace_dir, staging_dir, unsynced, write_text_atomic
 from harness.store.dump import Dump, DumpError, DumpTargetError, read_meta
-from harness.store.tree_format import MANIFEST_FILE, CaptureManifest, step_folder
+from harness.store.tree_format import MANIFEST_FILE, CaptureManifest, rank_folder, step_folder
 
 
 class TreeError(DumpError):
@@ -50,6 +50,26 @@ def _check_step_names(manifest_path: Path, steps: list[str]) -> None:
         seen.add(step)
 
 
+def _check_ranks(path: Path, ranks: dict[int, Tree]) -> None:
+    """TreeError (one line naming the tree) unless the rank folders are one capture's every rank: all of one
+    world size, each rank of it present once (a capture that died, or folders copied from two captures, would
+    otherwise be compared as if whole)."""
+    worlds = {rank: tree.manifest.world_size for rank, tree in ranks.items()}
+    if len(set(worlds.values())) > 1:
+        listed = ", ".join(f"{rank_folder(rank)}: {world}" for rank, world in sorted(worlds.items()))
+        raise TreeError(f"{path}: its ranks disagree on the world size ({listed}): not one capture")
+    world = next(iter(worlds.values()))
+    if world is None:
+        raise TreeError(f"{path}: {rank_folder(min(ranks))}/{MANIFEST_FILE} records no world size: not a rank of a capture")
+    missing = [rank for rank in range(world) if rank not in ranks]
+    extra = [rank for rank in ranks if not 0 <= rank < world]
+    if missing or extra:
+        found = ", ".join(rank_folder(rank) for rank in sorted(ranks))
+        what = (f"lacks {', '.join(rank_folder(rank) for rank in missing)}" if missing else
+                f"has {', '.join(rank_folder(rank) for rank in extra)} beyond it")
+        raise TreeError(f"{path}: a capture of world size {world} {what} (rank folders with a {MANIFEST_FILE}: {found})")
+
+
 class Tree:
     """One capture tree. `path` holds capture.json, or (world size > 1) rank folders, each a Tree: then
     `manifest`, `steps` and `step` are those of the first rank (`ranks` lists them all)."""
@@ -62,7 +82,11 @@ class Tree:
         if rank_dirs:
             for folder in rank_dirs:
                 tree = Tree(folder)
-                self.ranks[tree.manifest.rank if tree.manifest.rank is not None else int(folder.name[5:])] = tree
+                rank = tree.manifest.rank if tree.manifest.rank is not None else int(folder.name[5:])
+                if rank in self.ranks:
+                    raise TreeError(f"{self.path}: {folder.name} and {self.ranks[rank].path.name} both hold rank {rank}")
+                self.ranks[rank] = tree
+            _check_ranks(self.path, self.ranks)
             first = self.ranks[min(self.ranks)]
             self.manifest: CaptureManifest = first.manifest
             self._folder = first.path
