@@ -32,6 +32,7 @@ from harness.compare.findings import (
     NoReference,
     NotApplicable,
     OtherGenerator,
+    ReplicasDiffer,
     ShapeDiffers,
     WorseThan,
 )
@@ -114,6 +115,7 @@ SAMPLES = {  # one payload of each kind, as its producer makes it
     InputChanged: InputChanged(golden={"dtype": "float32", "shape": [4], "md5": "0" * 32}, now=None),
     OtherGenerator: OtherGenerator(golden=1, now=2),
     Nondeterministic: Nondeterministic(side="paddle", distinct=2, repeats=3),
+    ReplicasDiffer: ReplicasDiffer(side="megatron", ranks=[1, 3], world=4),
     NoGolden: NoGolden(written="goldens/x.golden.yaml"),
     EnvironmentChanged: EnvironmentChanged(field="torch", golden=None, now="2.13.0"),
 }
