@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,39 +45,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from harness.frameworks.megatron_group import one_process_group
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """The model and data sizes. The fp32 GEMMs' inner dimensions (hidden, 2 * ffn, vocab) stay <= 192 so that
-    torch's MKL sgemm runs them as one FMA chain (paddle_lm.torch_gemm)."""
-
-    vocab: int = 128
-    hidden: int = 64
-    ffn: int = 64
-    layers: int = 2
-    seq: int = 128
-    batch: int = 8  # seq * batch = 1024 tokens per step
-    steps: int = 10
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Megatron-LM's defaults where it has them (betas, eps, clip 1.0, lr_warmup_init 0), a short cosine."""
-
-    max_lr: float = 1e-2
-    min_lr: float = 1e-3
-    warmup: int = 2
-    decay: int = 10
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    clip: float = 1.0
-
-
-SIZES, SCHEDULE = Sizes(), Schedule()
-EOD = 0  # loss_mask is 0 where the label is EOD (Megatron-LM's --eod-mask-loss)
+from lm_setup import RMS_EPS, SCHEDULE, SIZES, Schedule, Sizes
 
 
 @contextmanager
@@ -105,7 +72,8 @@ def gpt_config(sizes: Sizes = SIZES, dtype: torch.dtype = torch.float32) -> Tran
         num_layers=sizes.layers, hidden_size=sizes.hidden, ffn_hidden_size=sizes.ffn, num_attention_heads=4,
         normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         bias_activation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
-        gradient_accumulation_fusion=False, params_dtype=torch.float32, bf16=dtype == torch.bfloat16)
+        gradient_accumulation_fusion=False, params_dtype=torch.float32, bf16=dtype == torch.bfloat16,
+        layernorm_epsilon=RMS_EPS)
 
 
 def build_gpt(sizes: Sizes = SIZES, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
@@ -121,25 +89,6 @@ def build_gpt(sizes: Sizes = SIZES, dtype: torch.dtype = torch.float32, seed: in
 
 def gpt_of(model: torch.nn.Module) -> GPTModel:
     return model.module if isinstance(model, Float16Module) else model  # type: ignore[return-value]
-
-
-def batches(sizes: Sizes = SIZES, seed: int = 1) -> list[dict[str, np.ndarray]]:
-    """Fixed token ids, one batch per step: tokens [b, s], labels (the next token), loss_mask (0 at EOD labels).
-    The text follows a fixed successor table with 20% random tokens, so a bigram model (which an MLP-only
-    language model is) can learn it."""
-    rng = np.random.default_rng(seed)
-    successor = rng.permutation(sizes.vocab)
-    out = []
-    for _ in range(sizes.steps):
-        text = np.empty((sizes.batch, sizes.seq + 1), dtype=np.int64)
-        text[:, 0] = rng.integers(0, sizes.vocab, sizes.batch)
-        for t in range(sizes.seq):
-            noise = rng.random(sizes.batch) < 0.2
-            text[:, t + 1] = np.where(noise, rng.integers(0, sizes.vocab, sizes.batch), successor[text[:, t]])
-        labels = text[:, 1:].copy()
-        out.append({"tokens": text[:, :-1].copy(), "labels": labels,
-                    "loss_mask": (labels != EOD).astype(np.float32)})
-    return out
 
 
 def masked_mean(per_token: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
