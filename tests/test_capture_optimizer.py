@@ -21,11 +21,12 @@ def phases(dump):
 
 
 def check_order(dump):
-    """loss before the backward pass; the optimizer's records last, (train) after the modules'."""
+    """loss before the backward pass; the optimizer's records last, (train) before the modules'."""
     order = [phase for _, phase in phases(dump)]
     assert order.index("loss") < order.index("backward")
-    assert order.index("optimizer") > max(i for i, phase in enumerate(order) if phase == "grads")
-    assert phases(dump)[-1] == ("(train)", "optimizer")
+    first = order.index("optimizer")
+    assert first > max(i for i, phase in enumerate(order) if phase == "grads")
+    assert phases(dump)[first] == ("(train)", "optimizer") and set(order[first:]) == {"optimizer"}
 
 
 def torch_training(torch, tree, clip=None, call_step=False, mode="full"):
