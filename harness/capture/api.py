@@ -406,7 +406,7 @@ class Capture:
             for j, item in enumerate(items):
                 self._leaves(item, f"{slot}.{j}", found, counter)
 
-    def _submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
+    def _submit(self, step: _Step, name: str, tensor: Any, path: str, fresh: bool = False) -> str | None:
         """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
         (and a note in the step's meta) for a dtype or layout no dump holds."""
         unsupported = _unsupported(self.adapter, tensor)
@@ -414,8 +414,9 @@ class Capture:
             step.skipped.append(f"{name} ({unsupported})")
             return None
         full, version = self.full[path], self.adapter.tensor_version(tensor)
-        seen = step.seen.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1:] == (version, full):
+        # fresh: changed by an optimizer kernel, which need not count as an in-place change (Paddle's do not)
+        seen = None if fresh else step.seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full):
             step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
             if seen[3] in step.held:
                 step.held[name] = step.held[seen[3]]
@@ -589,9 +590,9 @@ class Capture:
                     for state, tensor in probe.states(param):
                         if state not in STATE_ROLES:
                             step.skipped.append(f"{param_tensor(module, state, param_name)} (an optimizer state xfalign has no name for)")
-                        elif (name := self._submit(step, param_tensor(module, state, param_name), tensor, path)):
+                        elif (name := self._submit(step, param_tensor(module, state, param_name), tensor, path, fresh=True)):
                             names.append(name)
-                    if (name := self._submit(step, param_tensor(module, "updated", param_name), param, path)):
+                    if (name := self._submit(step, param_tensor(module, "updated", param_name), param, path, fresh=True)):
                         names.append(name)
                 if names:
                     step.records.append((module, None, "optimizer", names))
@@ -606,8 +607,21 @@ class Capture:
             step.norms = {train_tensor("grad_norm", "pre_clip"): grads, train_tensor("grad_norm", "post_clip"): clipped}
             # the step's learning rates and norms come first: the updates follow from them
             step.records.insert(first, (TRAIN, None, "optimizer", scalars + list(step.norms)))
-            self._step = _Step()
+            self._step = self._carried(step)
         self._hand_over(step)
+
+    @staticmethod
+    def _carried(step: _Step) -> _Step:
+        """The next step, knowing the updated parameters' digests: its `:param.` records are the same tensors,
+        unchanged since (their version says so), not hashed again."""
+        carried = _Step()
+        for key, seen in step.seen.items():
+            name = seen[3]
+            if ":updated." in name:
+                carried.seen[key], carried.results[name] = seen, step.results[name]
+                if name in step.held:
+                    carried.held[name] = step.held[name]
+        return carried
 
     def _hand_over(self, step: _Step) -> Path:
         """Hand a recorded step to the writer thread (after the step before it is written)."""
