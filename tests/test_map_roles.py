@@ -61,7 +61,8 @@ def dyadic(rng, shape):
 
 @pytest.fixture(scope="module")
 def trees(torch, paddle, tmp_path_factory):
-    """(tree A: torch, tree B: Paddle), each captured with its AdamW over STEPS steps."""
+    """(tree A: torch, tree B: Paddle, tree B checked live against A through MAP), each captured with its
+    AdamW over STEPS steps."""
     rng = np.random.default_rng(7)
     gate, up, down = dyadic(rng, (IN, FFN)), dyadic(rng, (IN, FFN)), dyadic(rng, (IN, OUT))
     biases = [dyadic(rng, (n,)) for n in (FFN, FFN, OUT)]
@@ -92,8 +93,8 @@ def trees(torch, paddle, tmp_path_factory):
         def forward(self, x):
             return paddle.concat([self.gate(x), self.up(x), self.down(x)], -1)
 
-    def train(model, optimizer, path, to_tensor, clear_grad):
-        with capture(model, path, optimizer=optimizer) as cap:
+    def train(model, optimizer, path, to_tensor, clear_grad, **live):
+        with capture(model, path, optimizer=optimizer, **live) as cap:
             for x, r in zip(inputs, upstream):
                 loss = (model(to_tensor(x)) * to_tensor(r)).sum()
                 loss.backward()
@@ -105,10 +106,12 @@ def trees(torch, paddle, tmp_path_factory):
     model_a = TorchModel()
     opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-3, weight_decay=0.01)
     train(model_a, opt_a, root / "torch", torch.from_numpy, opt_a.zero_grad)
-    model_b = PaddleModel()
-    opt_b = paddle.optimizer.AdamW(learning_rate=1e-3, weight_decay=0.01, parameters=model_b.parameters())
-    train(model_b, opt_b, root / "paddle", paddle.to_tensor, opt_b.clear_grad)
-    return read_tree(root / "torch"), read_tree(root / "paddle")
+    (root / "map.yaml").write_text(MAP)
+    for name, live in (("paddle", {}), ("live", {"reference": root / "torch", "map": root / "map.yaml"})):
+        model_b = PaddleModel()
+        opt_b = paddle.optimizer.AdamW(learning_rate=1e-3, weight_decay=0.01, parameters=model_b.parameters())
+        train(model_b, opt_b, root / name, paddle.to_tensor, opt_b.clear_grad, **live)
+    return read_tree(root / "torch"), read_tree(root / "paddle"), read_tree(root / "live")
 
 
 @pytest.fixture
@@ -119,7 +122,7 @@ def roles_map(tmp_path):
 
 
 def test_compare_pairs_exp_avg_with_moment1_and_ignores_step_and_beta_pows(trees, roles_map):
-    tree_a, tree_b = trees
+    tree_a, tree_b, _ = trees
     comparison = compare_trees(tree_a, tree_b, roles_map)
     assert len(comparison.steps) == STEPS
     first = comparison.steps[0]
@@ -149,7 +152,7 @@ def test_compare_pairs_exp_avg_with_moment1_and_ignores_step_and_beta_pows(trees
 
 
 def test_to_b_moves_optimizer_states_in_the_params_layout(trees, roles_map):
-    tree_a, tree_b = trees
+    tree_a, tree_b, _ = trees
     dump_a, dump_b = tree_a.step(1), tree_b.step(1)
     arrays = {name: np.asarray(dump_a.tensors[name]) for name in dump_a.names if name.startswith("fc")}
     made = roles_map.to_b(arrays)
@@ -163,6 +166,15 @@ def test_to_b_moves_optimizer_states_in_the_params_layout(trees, roles_map):
         assert made[name].shape == dump_b.tensors[name].shape, name
 
 
+def test_live_check_pairs_moment1_with_the_references_exp_avg(trees):
+    """B checked against A while it runs: the map's roles make A's names of B's states, as in compare."""
+    tree_a, _, tree_live = trees
+    live = tree_live.step(0).meta["capture"]["live"]
+    assert live["differing"][0] == "gate:moment1.weight"  # B's first differing tensor in its record order
+    assert not [name for name in live["not_checkable"] if "moment" in name or "_pow_acc." in name]
+    assert tree_live.manifest.diverged.step == 0 and tree_live.manifest.diverged.tensor == "gate:moment1.weight"
+
+
 def test_ignored_is_per_side_and_patterns_read_a_words(roles_map):
     assert roles_map.ignored("a", "fc1:step.weight") and not roles_map.ignored("b", "fc1:step.weight")
     assert roles_map.ignored("b", "gate:beta1_pow_acc.bias") and not roles_map.ignored("a", "gate:beta1_pow_acc.bias")
@@ -171,7 +183,7 @@ def test_ignored_is_per_side_and_patterns_read_a_words(roles_map):
 
 
 def test_suggest_writes_the_roles_section_for_torch_and_paddle_trees(trees, tmp_path):
-    tree_a, tree_b = trees
+    tree_a, tree_b, _ = trees
     text = suggest_map(tree_a, tree_b)
     section = text[text.index("roles:"):text.index("modules:")]
     assert section == ("roles:\n"
@@ -207,7 +219,7 @@ def test_check_trees_refuses_role_words_the_trees_lack(trees, tmp_path, extra, w
     path = tmp_path / "map.yaml"
     path.write_text(MAP.replace(ROLES, ROLES + extra))
     with pytest.raises(MapError, match=where):
-        compare_trees(*trees, load_map(path))
+        compare_trees(*trees[:2], load_map(path))
 
 
 def test_check_trees_says_b_patterns_are_in_a_words(trees, tmp_path):
@@ -215,4 +227,4 @@ def test_check_trees_says_b_patterns_are_in_a_words(trees, tmp_path):
     path.write_text(MAP.replace("tensors:\n", 'tensors:\n  - {a: "fc2:exp_avg.bias", b: "down:moment1.bias"}\n'))
     with pytest.raises(MapError, match=r"map.yaml:16: tensors.0.b: 'down:moment1.bias' matches no tensor of tree B "
                                        r"\(.*\) in A's role words \(roles: renames moment1, moment2 first\)"):
-        compare_trees(*trees, load_map(path))
+        compare_trees(*trees[:2], load_map(path))
