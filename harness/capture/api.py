@@ -63,6 +63,8 @@ from harness.store.tree_format import (
     CAPTURE_FORMAT,
     MODES,
     ROOT,
+    STATE_ROLES,
+    TRAIN,
     CaptureInfo,
     CaptureManifest,
     ModuleInfo,
@@ -71,6 +73,7 @@ from harness.store.tree_format import (
     param_tensor,
     rank_folder,
     step_folder,
+    train_tensor,
 )
 
 
@@ -198,6 +201,10 @@ class _Step:
     skipped: list[str] = field(default_factory=list)  # tensors of dtypes no dump holds: "name (dtype)"
     seen: dict[int, tuple] = field(default_factory=dict)  # id(tensor) -> (weak reference, version, full, name)
     started: bool = False  # parameters recorded (by the first hook of the step)
+    grads_recorded: bool = False  # the parameters' gradients recorded (by step(), or by the optimizer's step)
+    loss: list[str] = field(default_factory=list)  # the (train) loss record's tensors: placed before the backward
+    # a grad norm xfalign computes when the step is written: its name -> the names of the gradients it is over
+    norms: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Capture:
@@ -206,7 +213,7 @@ class Capture:
     def __init__(self, model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
                  types: Iterable[str | type] | None = None, side: str | None = None,
                  refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-                 threads: int | None = None, hash: str = "md5"):
+                 threads: int | None = None, hash: str = "md5", optimizer: Any = None):
         if mode not in MODES:
             raise CaptureError(f"capture: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         if hash not in HASHES:
@@ -222,6 +229,11 @@ class Capture:
         if refetch is not None and mode != "digests-then-full":
             raise CaptureError(f"capture: refetch needs mode 'digests-then-full', not {mode!r}")
         self.provenance = provenance
+        self.optimizer = optimizer
+        self.probe = None if optimizer is None else self.adapter.optimizer_probe(optimizer)
+        if optimizer is not None and self.probe is None:
+            raise CaptureError(f"capture: optimizer= is a {type(optimizer).__module__}.{type(optimizer).__name__}, not an "
+                               f"optimizer of {self.adapter.name} this capture can read (the model is a {self.adapter.name} module)")
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
         self.rank: int | None = None
         self.world_size: int | None = None
@@ -269,12 +281,14 @@ class Capture:
                 self.params.setdefault(owner, []).append((f"{relative}.{name}" if relative else name, param))
         self.full = {path: self.mode == "full" or any(fnmatch.fnmatchcase(_module_name(path), glob) for glob in self.refetch)
                      for path in self.modules}
+        self.full[TRAIN] = True  # a step's scalars are a few bytes: kept, so reports can print them
 
     def _manifest(self) -> CaptureManifest:
         """The tree's manifest (its steps: the TreeWriter's)."""
         return CaptureManifest.model_validate({
             "format": CAPTURE_FORMAT, "xfalign": __version__, "side": self.side, "framework": self.adapter.name,
-            "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": []})
+            "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": [],
+            "optimizer": None if self.probe is None else self.probe.kind})
 
     def _environment(self) -> dict:
         from harness.numerics import NumericsProfile
@@ -308,6 +322,8 @@ class Capture:
                 self._removers += self.adapter.hook_module(
                     module, lambda m, args, kwargs, path=path: self._before(path, args, kwargs),
                     lambda m, args, kwargs, out, path=path: self._after(path, out))
+            if self.probe is not None:
+                self._removers += self.probe.hook(self._optimizer_begins, self._optimizer_ends)
         except BaseException:
             self._close()
             raise
@@ -460,24 +476,121 @@ class Capture:
 
     # -- writing ------------------------------------------------------------------------------------------
 
+    def loss(self, value: Any) -> None:
+        """Record the step's loss (a 0-d tensor, or a number) as `(train):loss.0`, kept in full: call it once a
+        step, after the forward pass (before or after the backward pass)."""
+        step = self._step
+        self._active("loss()")
+        with self._lock:
+            if not step.started:
+                self._start(step)
+            name = train_tensor("loss", 0)
+            if self._record_scalar(step, name, value):
+                step.loss = [name]
+
+    def grad_norm(self, value: Any) -> None:
+        """Record the global gradient norm the training code computed (torch's clip_grad_norm_ returns it) as
+        `(train):grad_norm.reported`: a megatron-core optimizer's step reports its own."""
+        self._active("grad_norm()")
+        with self._lock:
+            self._record_scalar(self._step, train_tensor("grad_norm", "reported"), value)
+
     def step(self) -> Path:
         """End the step: record the parameter gradients, start moving the fast digests to the host and hand
         the step to the writer thread, which writes step-0000k and the manifest (TreeWriter.write_step); the
         folder it will be.
-        Call it after the backward pass and before the gradients are zeroed (or changed in place)."""
+        Call it after the backward pass and before the gradients are zeroed (or changed in place).
+        With `optimizer=`, the step ends when the optimizer's step returns instead: step() then only records
+        the gradients as they are before the optimizer clips them (without it, they are recorded as the
+        optimizer's step begins), and returns the folder the step will be."""
         step = self._step
-        if self._pool is None or self._writer is None:
-            raise CaptureError("capture: step() called outside the `with capture(...)` block")
+        self._active("step()")
         with self._lock:
             if not step.started:
                 self._start(step)
-            for path, params in self.params.items():
-                grads = [(name, self.adapter.parameter_grad(param)) for name, param in params]
-                names = [submitted for name, grad in grads if grad is not None and
-                         (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path))]
-                if names:
-                    step.records.append((_module_name(path), None, "grads", names))
+            self._record_grads(step)
+            if self.probe is not None:
+                return self.folder / step_folder(self._steps)
             self._step = _Step()  # hooks from here on record the next step
+        return self._hand_over(step)
+
+    def _active(self, what: str) -> None:
+        if self._pool is None or self._writer is None:
+            raise CaptureError(f"capture: {what} called outside the `with capture(...)` block")
+
+    def _record_grads(self, step: _Step) -> None:
+        if step.grads_recorded:
+            return
+        step.grads_recorded = True
+        for path, params in self.params.items():
+            grads = [(name, self.adapter.parameter_grad(param)) for name, param in params]
+            names = [submitted for name, grad in grads if grad is not None and
+                     (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path))]
+            if names:
+                step.records.append((_module_name(path), None, "grads", names))
+
+    def _record_scalar(self, step: _Step, name: str, value: Any) -> bool:
+        """A (train) scalar: a 0-d tensor as it is, a number as float64; False (and a note) for anything else."""
+        if isinstance(value, self._tensor):
+            return self._submit(step, name, value, TRAIN) is not None
+        try:
+            array = np.asarray(float(value), dtype=np.float64)
+        except (TypeError, ValueError):
+            step.skipped.append(f"{name} (a {type(value).__name__}, not a number)")
+            return False
+        assert self._pool is not None
+        step.results[name] = (array, self._pool.submit(tensor_stats, array))
+        return True
+
+    def _optimizer_begins(self) -> None:
+        step = self._step
+        with self._lock:
+            if not step.started:
+                self._start(step)
+            self._record_grads(step)  # before the optimizer's clipping, when step() has not recorded them
+
+    def _optimizer_ends(self, reported_norm: float | None) -> None:
+        """The optimizer's step has returned: record per parameter the gradient it applied, its state and the
+        parameter as updated; the learning rates and grad norms; then end the step."""
+        step, probe = self._step, self.probe
+        assert probe is not None
+        with self._lock:
+            clipped, grads = [], []
+            for path, params in self.params.items():
+                module, names = _module_name(path), []
+                for param_name, param in params:
+                    grad = probe.consumed_grad(param)
+                    if grad is not None and (name := self._submit(step, param_tensor(module, "grad_clipped", param_name), grad, path)):
+                        names.append(name)
+                        clipped.append(name)
+                    for state, tensor in probe.states(param):
+                        if state not in STATE_ROLES:
+                            step.skipped.append(f"{param_tensor(module, state, param_name)} (an optimizer state xfalign has no name for)")
+                        elif (name := self._submit(step, param_tensor(module, state, param_name), tensor, path)):
+                            names.append(name)
+                    if (name := self._submit(step, param_tensor(module, "updated", param_name), param, path)):
+                        names.append(name)
+                if names:
+                    step.records.append((module, None, "optimizer", names))
+                grads += [n for n in (param_tensor(module, "grad", p) for p, _ in params) if n in step.results]
+            rates = {train_tensor("lr", group): lr for group, lr in enumerate(probe.learning_rates())}
+            scalars = [name for name, lr in rates.items() if self._record_scalar(step, name, lr)]
+            reported = train_tensor("grad_norm", "reported")
+            if reported_norm is not None:
+                self._record_scalar(step, reported, reported_norm)
+            if reported in step.results:  # the optimizer's, or told by grad_norm()
+                scalars.append(reported)
+            step.norms = {train_tensor("grad_norm", "pre_clip"): grads, train_tensor("grad_norm", "post_clip"): clipped}
+            step.records.append((TRAIN, None, "optimizer", scalars + list(step.norms)))
+            self._step = _Step()
+        self._hand_over(step)
+
+    def _hand_over(self, step: _Step) -> Path:
+        """Hand a recorded step to the writer thread (after the step before it is written)."""
+        assert self._writer is not None
+        if step.loss:  # the loss comes before the backward pass, whenever it was recorded
+            at = next((i for i, record in enumerate(step.records) if record[2] == "backward"), len(step.records))
+            step.records.insert(at, (TRAIN, None, "loss", step.loss))
         for remove in step.grad_hooks:
             remove()
         pending = list({id(work): work for _, work in step.results.values()
@@ -506,11 +619,18 @@ class Capture:
         stats: dict[str, dict] = {}
         order = [name for *_, names in step.records for name in names]
         for name in order:
+            if name in step.norms:
+                continue
             array, work = step.results[name]
             if array is None:
                 unstored[name] = work.result()
             else:
                 tensors[name], stats[name] = array, work.result()
+        for name, over in step.norms.items():  # float64 sqrt of the sum of the gradients' squared L2 norms
+            found = [(unstored.get(g) or {"stats": stats.get(g)})["stats"] for g in over]
+            norms = [entry["norm"] for entry in found if entry and entry.get("norm") is not None]
+            tensors[name] = np.asarray(np.sqrt(np.sum(np.square(norms, dtype=np.float64))), dtype=np.float64)
+            stats[name] = tensor_stats(tensors[name])
         # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
         tree.write_step(index, Dump(meta, tensors, unstored=unstored, stats=stats, order=order), validate=False)
 
@@ -541,12 +661,14 @@ class Capture:
 def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
             types: Iterable[str | type] | None = None, side: str | None = None,
             refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-            threads: int | None = None, hash: str = "md5") -> Capture:
+            threads: int | None = None, hash: str = "md5", optimizer: Any = None) -> Capture:
     """Capture `model` (a module of any framework whose adapter supports capture) into the tree at `path`; see the module's
     note. modules: fnmatch globs on module paths ("(root)" is the model); types: class names or classes,
     selected as well; side: the name in the dumps (default: the framework adapter's name);
     refetch (mode "digests-then-full"): the module globs, or the YAML file listing them, kept in full;
     threads: the hashing pool's size; hash (digest modes): "md5" (MD5 + XXH3 of a host copy) or "fast"
-    (fast64, computed where the tensor lives: harness.store.fast_hash)."""
+    (fast64, computed where the tensor lives: harness.store.fast_hash); optimizer: the training's optimizer
+    (torch, megatron-core or Paddle), whose step then ends each captured step and is recorded too: the
+    gradients it applied, its state and the updated parameters (harness.store.tree_format)."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
-                   provenance=provenance, threads=threads, hash=hash)
+                   provenance=provenance, threads=threads, hash=hash, optimizer=optimizer)
