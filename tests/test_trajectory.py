@@ -1,9 +1,7 @@
 """Two capture trees as a trajectory (harness.compare.trajectory through harness.compare.tree, and the terminal,
-JSON and HTML reports): a small torch model trained a few steps with AdamW, captured in digest mode, where side B
-departs from side A at one step (another learning rate from step k on, a parameter 1 ULP off, another batch).
-The step's loss and the optimizer step (AdamW's exp_avg, exp_avg_sq, the updated parameters, the learning rate)
-are added to each step's dump as the capture contract names them (harness.store.tree_format), from the
-optimizer's real state after each step."""
+JSON and HTML reports): a small torch model trained a few steps with AdamW, captured in digest mode with its
+optimizer step and loss (`capture(..., optimizer=)`, `cap.loss`), where side B departs from side A at one step
+(another learning rate from step k on, a parameter 1 ULP off, another batch)."""
 
 import json
 import shutil
@@ -11,20 +9,19 @@ import shutil
 import jsonschema
 import numpy as np
 import pytest
+from test_capture_compare import write_tree
 
 from harness.capture import capture
 from harness.cli import main
+from harness.compare.trajectory import trajectory_of
 from harness.compare.tree import compare_trees
 from harness.reports.json_schema import SCHEMA_PATH
-from harness.store.digest import digest_entry
-from harness.store.dump import Dump
-from harness.store.stats import tensor_stats
-from harness.store.tree_format import TRAIN, CaptureInfo, Record, param_tensor, step_folder, train_tensor
+from harness.store.tree_format import MANIFEST_FILE, param_tensor, rank_folder, step_folder, train_tensor
 
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 
 STEPS = 5
-LOSS, LR = train_tensor("loss", 0), train_tensor("lr", 0)
+LOSS = train_tensor("loss", 0)
 
 
 def train(torch, path, side, steps=STEPS, lr_from=None, nudge_at=None, batch_at=None):
@@ -38,8 +35,8 @@ def train(torch, path, side, steps=STEPS, lr_from=None, nudge_at=None, batch_at=
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.Generator().manual_seed(1)
     batches = [(torch.randn(4, 8, generator=data), torch.randn(4, 4, generator=data)) for _ in range(steps + 1)]
-    added, losses = [], []
-    with capture(model, path, mode="digest", side=side) as cap:
+    losses = []
+    with capture(model, path, mode="digest", side=side, optimizer=optimizer) as cap:
         for step in range(steps):
             if step == nudge_at:
                 with torch.no_grad():
@@ -50,46 +47,11 @@ def train(torch, path, side, steps=STEPS, lr_from=None, nudge_at=None, batch_at=
             x, y = batches[steps if step == batch_at else step]
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
-            cap.step()
-            optimizer.step()
-            added.append(optimizer_step(model, optimizer, loss))
-            losses.append(loss.item())
+            cap.loss(loss)
+            optimizer.step()  # ends the captured step
             optimizer.zero_grad()
-    for step, tensors in enumerate(added):
-        add_records(path / step_folder(step), *tensors)
+            losses.append(loss.item())
     return path, losses
-
-
-def optimizer_step(model, optimizer, loss):
-    """What the optimizer step left, per module (exp_avg, exp_avg_sq, updated per parameter), and the loss and lr."""
-    modules = {}
-    for module in ("fc1", "fc2"):
-        tensors = {}
-        for name, param in getattr(model, module).named_parameters():
-            state = optimizer.state[param]
-            for role, value in (("exp_avg", state["exp_avg"]), ("exp_avg_sq", state["exp_avg_sq"]), ("updated", param)):
-                tensors[param_tensor(module, role, name)] = value.detach().numpy().copy()
-        modules[module] = tensors
-    return loss.detach().numpy().copy(), modules, optimizer.param_groups[0]["lr"]
-
-
-def add_records(folder, loss, modules, lr):
-    """The step's loss (a record before the first backward one) and its optimizer step (records after the
-    gradients), the scalars stored, the rest digest-only: as a capture with optimizer= writes them."""
-    dump = Dump.read(folder)
-    info = CaptureInfo.model_validate(dump.meta["capture"])
-    records = list(info.records)
-    records.insert(next(i for i, r in enumerate(records) if r.phase == "backward"),
-                   Record(module=TRAIN, phase="loss", tensors=[LOSS]))
-    records += [Record(module=module, phase="optimizer", tensors=list(tensors)) for module, tensors in modules.items()]
-    records.append(Record(module=TRAIN, phase="optimizer", tensors=[LR]))
-    stored = {LOSS: loss, LR: np.array(lr, dtype=np.float64)}
-    unstored = dict(dump.unstored) | {name: digest_entry(array) for tensors in modules.values()
-                                      for name, array in tensors.items()}
-    meta = {key: value for key, value in dump.meta.items() if key != "tensors"}
-    meta["capture"] = info.model_copy(update={"records": records}).model_dump(mode="json")
-    Dump(meta, stored, unstored=unstored, stats={name: tensor_stats(a) for name, a in stored.items()},
-         order=[name for record in records for name in record.tensors]).write(folder)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +69,7 @@ def kinds(trajectory):
 def test_another_learning_rate_diverges_in_the_optimizer_step_and_later_steps_inherit_it(lr_trees):
     a, b, losses = lr_trees
     result = compare_trees(a, b)
-    trajectory = result.trajectory
+    trajectory = trajectory_of(result.steps)
     assert kinds(trajectory) == ["equal", "equal", "diverges", "inherits", "inherits"]
     assert [step.inherits_from for step in trajectory.steps] == [None, None, None, 2, 2]
     assert trajectory.first_divergent.index == 2 and result.divergence is trajectory.steps[2].divergence
@@ -136,7 +98,7 @@ def test_a_parameter_one_ulp_off_diverges_at_that_parameter_first(torch, tmp_pat
     a, _ = train(torch, tmp_path / "a", "torch-a", steps=3)
     b, _ = train(torch, tmp_path / "b", "torch-b", steps=3, nudge_at=1)
     result = compare_trees(a, b)
-    trajectory = result.trajectory
+    trajectory = trajectory_of(result.steps)
     assert kinds(trajectory) == ["equal", "diverges", "inherits"]
     assert [step.inherits_from for step in trajectory.steps] == [None, None, 1]
     divergence = result.divergence
@@ -149,7 +111,7 @@ def test_a_parameter_one_ulp_off_diverges_at_that_parameter_first(torch, tmp_pat
 def test_another_batch_is_input_differs_and_the_steps_after_it_inherit(torch, tmp_path):
     a, _ = train(torch, tmp_path / "a", "torch-a", steps=3)
     b, _ = train(torch, tmp_path / "b", "torch-b", steps=3, batch_at=1)
-    trajectory = compare_trees(a, b).trajectory
+    trajectory = trajectory_of(compare_trees(a, b).steps)
     assert kinds(trajectory) == ["equal", "input-differs", "inherits"]
     assert [step.inherits_from for step in trajectory.steps] == [None, None, 1]
     assert trajectory.first_divergent.index == 1
@@ -177,7 +139,7 @@ def test_the_starting_state_decides_between_diverges_and_inherits(lr_trees, tmp_
     b = shutil.copytree(a, tmp_path / "b")
     for step, name in edits.items():
         edit_digest(b, step, name)
-    trajectory = compare_trees(a, b).trajectory
+    trajectory = trajectory_of(compare_trees(a, b).steps)
     assert (kinds(trajectory), [step.inherits_from for step in trajectory.steps]) == expected
     assert trajectory.steps[1].divergence.name == edits[1]
 
@@ -226,3 +188,29 @@ def test_a_single_step_has_no_trajectory_table(torch, tmp_path, capsys):
     assert 'id="trajectory"' not in (tmp_path / "r.html").read_text()
     assert main(["compare", str(a / step_folder(0)), str(b / step_folder(0)), "--steps", "all"]) == 2
     assert "--steps goes with two capture trees" in capsys.readouterr().err
+
+
+def test_the_ranks_of_a_step_are_one_step_of_the_trajectory(tmp_path):
+    """Two trees of two ranks compared rank by rank: rank 1 differs at step 0, rank 0 at step 1. The trajectory
+    has two steps, each of both ranks; the first divergence is step 0's (rank 1), not rank 0's first."""
+    def ranks(path, differs):
+        for rank in (0, 1):
+            def change(step, tensors, rank=rank):
+                if differs and step == 1 - rank:  # B: rank 1 at step 0, rank 0 at step 1
+                    weight = tensors[param_tensor("fc2", "param", "weight")].copy()
+                    weight.view(np.uint32)[0, 0] += 1
+                    tensors[param_tensor("fc2", "param", "weight")] = weight
+            tree = write_tree(path / rank_folder(rank), "b" if differs else "a", steps=2, change=change)
+            manifest = json.loads((tree / MANIFEST_FILE).read_text()) | {"rank": rank, "world_size": 2}
+            (tree / MANIFEST_FILE).write_text(json.dumps(manifest))
+        return path
+
+    result = compare_trees(ranks(tmp_path / "a", False), ranks(tmp_path / "b", True))
+    assert [step.label for step in result.steps][:2] == ["rank-00000/step-00000", "rank-00000/step-00001"]
+    trajectory = trajectory_of(result.steps)
+    assert [(s.label, [m.label for m in s.steps]) for s in trajectory.steps] == [
+        ("step-00000", ["rank-00000/step-00000", "rank-00001/step-00000"]),
+        ("step-00001", ["rank-00000/step-00001", "rank-00001/step-00001"])]
+    assert kinds(trajectory) == ["diverges", "inherits"]
+    assert result.divergence.step == "rank-00001/step-00000" and result.divergence.name == "fc2:param.weight"
+    assert trajectory.steps[0].compared == 2 * len(result.steps[0].comparison.tensors)

@@ -16,60 +16,16 @@ The steps of a tree of several ranks compared rank by rank are summed up per ste
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-import numpy as np
-
-from harness.store.digest import Digest
-from harness.store.dump import Dump
-from harness.store.tree_format import ROOT, STATE_ROLES, TensorName, call_tensor, train_tensor
-
-if TYPE_CHECKING:
-    from harness.compare.tree import Divergence, StepComparison
+from harness.compare.step_loss import StepLoss
+from harness.compare.tree import Divergence, StepComparison, step_folder_of
+from harness.store.tree_format import ROOT, STATE_ROLES, TensorName
 
 Kind = Literal["equal", "input-differs", "diverges", "inherits"]
 KINDS: tuple[Kind, ...] = ("equal", "input-differs", "diverges", "inherits")
 CARRIED_ROLES = (*STATE_ROLES, "updated")  # what an optimizer step hands to the next step
-LOSS = train_tensor("loss", 0)
-ROOT_OUTPUT = call_tensor(ROOT, 0, "output", 0)  # the loss where no `(train):loss.0` was recorded: if 0-d
-
-
-@dataclass(frozen=True)
-class StepLoss:
-    """A step's loss as one side recorded it."""
-
-    tensor: str  # LOSS, or ROOT_OUTPUT
-    value: float | None  # None: not known (a golden's digest, or a digest-only infinity: its stats keep no sign)
-    digest: Digest
-
-
-def step_loss(dump: Dump) -> StepLoss | None:
-    """The loss a step's dump recorded: `(train):loss.0`, else a 0-d `(root)#0:output.0`; None: neither."""
-    for name in (LOSS, ROOT_OUTPUT):
-        digest = _digest(dump, name)
-        if digest is not None and (digest.shape == () or (name == LOSS and math.prod(digest.shape) == 1)):
-            return StepLoss(name, _value(dump, name), digest)
-    return None
-
-
-def _digest(dump: Dump, name: str) -> Digest | None:
-    if name in dump.tensors:
-        return Digest.of(np.asarray(dump.tensors[name]), xxh3=False)  # one scalar: its MD5, as the table shows it
-    entry = dump.unstored.get(name)
-    return Digest.from_json(entry) if entry is not None else None
-
-
-def _value(dump: Dump, name: str) -> float | None:
-    if name in dump.tensors:
-        return float(np.asarray(dump.tensors[name]).astype(np.float64).reshape(()))
-    stats = dump.unstored[name].get("stats")
-    if stats is None:  # a golden's record: digests only
-        return None
-    if stats["mean"] is not None:  # over one finite element: the value, exactly (float64 holds every float dtype)
-        return float(stats["mean"])
-    return math.nan if stats["nan"] else None
 
 
 @dataclass
@@ -99,7 +55,7 @@ def trajectory_of(steps: list[StepComparison]) -> Trajectory:
     """The steps compared (in order; a tree of several ranks: each rank's, rank by rank) summed up per step."""
     groups: dict[str, list[StepComparison]] = {}
     for step in steps:
-        groups.setdefault(step.label.rpartition("/")[2], []).append(step)
+        groups.setdefault(step_folder_of(step.label), []).append(step)
     summaries: list[StepSummary] = []
     carried = False  # the step before left optimizer state or updated parameters that differ
     for index, (label, members) in enumerate(groups.items()):

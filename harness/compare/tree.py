@@ -10,8 +10,8 @@ names must agree), then compared as any two dumps (harness.compare.case.compare_
 tensor is held bitwise). The result adds what a whole model needs: the records of A's execution order,
 each with its tensors' results (shown forward, loss, backward, then parameters, gradients and the optimizer
 step), the first divergent tensor with the module it belongs to (first in execution order:
-tree_format.PHASE_ORDER, then record order), each step's loss, and the trajectory over the steps
-(harness.compare.trajectory: which step diverges first, which only inherit it).
+tree_format.PHASE_ORDER, then record order) and each step's loss (harness.compare.step_loss); the steps
+summed up as a trajectory are harness.compare.trajectory's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from harness.compare.case import CaseComparison, TensorResult, compare_dumps
 from harness.compare.expectations import Bitwise
 from harness.compare.findings import Finding, Missing
 from harness.compare.pairs import OneSidedPair
-from harness.compare.trajectory import StepLoss, Trajectory, step_loss, trajectory_of
+from harness.compare.step_loss import StepLoss, step_loss
 from harness.errors import UsageError
 from harness.sharding import Sharding
 from harness.store.dump import Dump
@@ -149,14 +149,12 @@ class TreeComparison:
         return self.status == "pass"
 
     @property
-    def trajectory(self) -> Trajectory:
-        """The steps summed up one by one (ranks of one step together): losses, counts, how each diverges."""
-        return trajectory_of(self.steps)
-
-    @property
     def divergence(self) -> Divergence | None:
-        """The first divergent tensor of the first divergent step (of its first rank that has one)."""
-        first = self.trajectory.first_divergent
+        """The first divergent tensor of the first step that has one (of its first rank, where ranks are compared
+        one by one: step by step, not rank by rank)."""
+        order = {name: index for index, name in enumerate(dict.fromkeys(step_folder_of(s.label) for s in self.steps))}
+        divergent = [step for step in self.steps if step.divergence is not None]
+        first = min(divergent, key=lambda step: order[step_folder_of(step.label)], default=None)  # ties: the first rank
         return first.divergence if first else None
 
     @property
@@ -191,6 +189,11 @@ class TreeComparison:
         if self.tensor_map is None or not module:
             return [module]
         return self.tensor_map.module_pairs([module]).get(module) or [module]
+
+
+def step_folder_of(label: str) -> str:
+    """A compared step's folder, without its rank folder: the step that several ranks' comparisons share."""
+    return label.rpartition("/")[2]
 
 
 def _module_of(name: str) -> str:

@@ -15,7 +15,7 @@ from harness.compare.case import CaseComparison, SideInfo, TensorResult
 from harness.compare.findings import STRUCTURAL
 from harness.compare.metrics import ULP_BUCKETS
 from harness.compare.pairs import FloatPair
-from harness.compare.trajectory import KINDS, Trajectory
+from harness.compare.trajectory import KINDS, Trajectory, trajectory_of
 from harness.compare.tree import StepComparison, TreeComparison
 from harness.dtypes import to_numpy_dtype
 from harness.errors import safe_name, shortened
@@ -340,7 +340,7 @@ def tree_view(tree: TreeComparison) -> dict:
         "first_divergent": first, "divergence_text": divergence_text(None, tree.uncompared),
         "sides": [tree_side_text("A", tree.a), tree_side_text("B", tree.b)], "map": map_text(tree.map),
         "model": _model(shown) if shown else [], "model_step": shown.label if shown else "",
-        "columns": TREE_COLUMNS, "steps": steps, "strip": _strip(tree.trajectory, tree.steps),
+        "columns": TREE_COLUMNS, "steps": steps, "strip": _strip(trajectory_of(tree.steps), tree.steps),
     }
 
 

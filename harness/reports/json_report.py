@@ -30,7 +30,8 @@ from pathlib import Path
 
 from harness.compare.case import CaseComparison, TensorResult
 from harness.compare.pairs import FloatPair
-from harness.compare.trajectory import StepLoss, Trajectory
+from harness.compare.step_loss import StepLoss
+from harness.compare.trajectory import Trajectory, trajectory_of
 from harness.compare.tree import Divergence, TreeComparison
 from harness.reports.text import (
     closer_text,
@@ -162,7 +163,7 @@ def tree_json(tree: TreeComparison) -> dict:
         "findings": [finding.to_json() | {"text": finding_text(finding)} for finding in tree.findings],
         "first_divergent": _divergence(tree.divergence),
         "uncompared": {step.label: step.left_out for step in tree.steps if step.left_out},  # tensor -> why
-        "trajectory": trajectory_json(tree.trajectory),
+        "trajectory": trajectory_json(trajectory_of(tree.steps)),
         "steps": [{
             "step": step.label,
             "status": step.status,

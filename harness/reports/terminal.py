@@ -9,7 +9,7 @@ from rich.text import Text
 
 from harness.compare.case import CaseComparison, SideInfo
 from harness.compare.findings import STRUCTURAL, NoGolden, NotApplicable
-from harness.compare.trajectory import StepSummary, Trajectory
+from harness.compare.trajectory import StepSummary, Trajectory, trajectory_of
 from harness.compare.tree import StepComparison, TreeComparison
 from harness.gate import GateResult, TreeGateResult
 from harness.reports.text import (
@@ -198,7 +198,7 @@ KIND_STYLES = {"equal": "green", "input-differs": "yellow", "diverges": "bold re
 
 def trajectory_table(trajectory: Trajectory) -> Table:
     """One row per step: both losses, the tensors that differ, its kind, its first divergent tensor."""
-    table = Table(title=escape(trajectory_text(trajectory)), title_justify="left")
+    table = Table()
     for column in TRAJECTORY_COLUMNS:
         table.add_column(column, justify="right" if column == "differing" else "left")
     for step in trajectory.steps:
@@ -233,8 +233,9 @@ def print_tree_comparison(tree: TreeComparison, console: Console, steps: str = "
     _plain(console, tree_side_text("A", tree.a))
     _plain(console, tree_side_text("B", tree.b))
     _plain(console, map_text(tree.map))
-    trajectory = tree.trajectory
+    trajectory = trajectory_of(tree.steps)
     if len(trajectory.steps) > 1:
+        _plain(console, trajectory_text(trajectory))
         console.print(trajectory_table(trajectory))
     for summary in _shown_steps(trajectory, steps):
         for step in summary.steps:

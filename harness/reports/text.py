@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from harness.compare.case import CaseComparison, SideInfo, TensorResult
     from harness.compare.pairs import Pair
     from harness.compare.replay import ExactOutput, ExactReplay
-    from harness.compare.trajectory import StepLoss, StepSummary, Trajectory
+    from harness.compare.step_loss import StepLoss
+    from harness.compare.trajectory import StepSummary, Trajectory
     from harness.compare.tree import Divergence, RecordView, StepComparison, TreeComparison, TreeSide
     from harness.golden_policy import GoldenUpdate
 
