@@ -50,11 +50,12 @@ import yaml
 from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
+from harness.capture.live import ON_DIVERGENCE, LiveReference
 from harness.dtypes import NUMPY_DTYPES
 from harness.errors import OutputError, XfalignError
 from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
 from harness.schema import MAX_NAME_CHARS, NAME_RULE, is_safe_name
-from harness.store.digest import digest_entry
+from harness.store.digest import digest_entry, digests_of
 from harness.store.dump import Dump
 from harness.store.fast_hash import HASHES, PendingDigest, fast_entry
 from harness.store.stats import tensor_stats
@@ -67,6 +68,7 @@ from harness.store.tree_format import (
     TRAIN,
     CaptureInfo,
     CaptureManifest,
+    Divergence,
     ModuleInfo,
     Record,
     call_tensor,
@@ -80,6 +82,11 @@ from harness.store.tree_format import (
 class CaptureError(XfalignError):
     """A capture that cannot start: a model no framework adapter knows, a bad mode, side name, selection or
     refetch list, a capture entered twice, a folder another capture is writing."""
+
+
+class CaptureDiverged(CaptureError):
+    """A capture checked against a reference (on_divergence="stop") whose step differed from it: raised once
+    that step is written (in full), from the end of the step (the optimizer's step, or `step()`)."""
 
 
 class CaptureWriteError(OutputError, OSError):
@@ -205,6 +212,7 @@ class _Step:
     loss: list[str] = field(default_factory=list)  # the (train) loss record's tensors: placed before the backward
     # a grad norm xfalign computes when the step is written: its name -> the names of the gradients it is over
     norms: dict[str, list[str]] = field(default_factory=dict)
+    held: dict[str, np.ndarray] = field(default_factory=dict)  # digest-only tensors' host copies, for a live check
 
 
 class Capture:
@@ -213,7 +221,8 @@ class Capture:
     def __init__(self, model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
                  types: Iterable[str | type] | None = None, side: str | None = None,
                  refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-                 threads: int | None = None, hash: str = "md5", optimizer: Any = None):
+                 threads: int | None = None, hash: str = "md5", optimizer: Any = None, reference: Any = None,
+                 map: Any = None, on_divergence: str = "continue"):
         if mode not in MODES:
             raise CaptureError(f"capture: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         if hash not in HASHES:
@@ -234,6 +243,13 @@ class Capture:
         if optimizer is not None and self.probe is None:
             raise CaptureError(f"capture: optimizer= is a {type(optimizer).__module__}.{type(optimizer).__name__}, not an "
                                f"optimizer of {self.adapter.name} this capture can read (the model is a {self.adapter.name} module)")
+        if on_divergence not in ON_DIVERGENCE:
+            raise CaptureError(f"capture: on_divergence={on_divergence!r}; expected one of {', '.join(ON_DIVERGENCE)}")
+        if map is not None and reference is None:
+            raise CaptureError("capture: map= names how this capture's tensors pair with a reference's: give reference= too")
+        self.live = None if reference is None else LiveReference(reference, map)
+        self.on_divergence = on_divergence
+        self.diverged: Divergence | None = None
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
         self.rank: int | None = None
         self.world_size: int | None = None
@@ -288,7 +304,8 @@ class Capture:
         return CaptureManifest.model_validate({
             "format": CAPTURE_FORMAT, "xfalign": __version__, "side": self.side, "framework": self.adapter.name,
             "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": [],
-            "optimizer": None if self.probe is None else self.probe.kind})
+            "optimizer": None if self.probe is None else self.probe.kind,
+            "reference": None if self.live is None else self.live.path})
 
     def _environment(self) -> dict:
         from harness.numerics import NumericsProfile
@@ -400,16 +417,22 @@ class Capture:
         seen = step.seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1:] == (version, full):
             step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
+            if seen[3] in step.held:
+                step.held[name] = step.held[seen[3]]
             return name
         fast = self.hash == "fast" and not full
         pending = self.adapter.device_digest(tensor) if fast else None
         if pending is not None:
             step.results[name] = (None, pending)
+            if self.live is not None:
+                step.held[name] = self.adapter.host_copy(tensor)
         else:
             array = self.adapter.host_copy(tensor)
             assert self._pool is not None
             step.results[name] = (array, self._pool.submit(tensor_stats, array)) if full else \
                 (None, self._pool.submit(fast_entry if fast else digest_entry, array))
+            if self.live is not None and not full:
+                step.held[name] = array
         if version is not None:
             try:
                 step.seen[id(tensor)] = (weakref.ref(tensor), version, full, name)
@@ -555,7 +578,7 @@ class Capture:
         step, probe = self._step, self.probe
         assert probe is not None
         with self._lock:
-            clipped, grads = [], []
+            clipped, grads, first = [], [], len(step.records)
             for path, params in self.params.items():
                 module, names = _module_name(path), []
                 for param_name, param in params:
@@ -581,7 +604,8 @@ class Capture:
             if reported in step.results:  # the optimizer's, or told by grad_norm()
                 scalars.append(reported)
             step.norms = {train_tensor("grad_norm", "pre_clip"): grads, train_tensor("grad_norm", "post_clip"): clipped}
-            step.records.append((TRAIN, None, "optimizer", scalars + list(step.norms)))
+            # the step's learning rates and norms come first: the updates follow from them
+            step.records.insert(first, (TRAIN, None, "optimizer", scalars + list(step.norms)))
             self._step = _Step()
         self._hand_over(step)
 
@@ -599,6 +623,8 @@ class Capture:
         self.flush()  # the step before: one step written at a time
         index, self._steps = self._steps, self._steps + 1
         self._writing = self._writer.submit(self._write, step, index, pending, rows)
+        if self.live is not None and self.on_divergence == "stop":
+            self.flush()  # the check's verdict before training goes on
         return self.folder / step_folder(index)
 
     def _write(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
@@ -631,8 +657,36 @@ class Capture:
             norms = [entry["norm"] for entry in found if entry and entry.get("norm") is not None]
             tensors[name] = np.asarray(np.sqrt(np.sum(np.square(norms, dtype=np.float64))), dtype=np.float64)
             stats[name] = tensor_stats(tensors[name])
+        stop = self.live is not None and self._check_live(tree, step, index, meta, order, tensors, unstored, stats)
         # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
         tree.write_step(index, Dump(meta, tensors, unstored=unstored, stats=stats, order=order), validate=False)
+        if stop:
+            assert self.diverged is not None and self.live is not None
+            raise CaptureDiverged(f"capture {self.folder}: step {index} differs from the reference {self.live.path} "
+                                  f"first at {self.diverged.tensor} (written in full: {tree.folder / step_folder(index)}); "
+                                  "stopped (on_divergence='stop')")
+
+    def _check_live(self, tree: TreeWriter, step: _Step, index: int, meta: dict, order: list[str],
+                    tensors: dict[str, np.ndarray], unstored: dict[str, dict], stats: dict[str, dict]) -> bool:
+        """Check the step against the reference's; the first step that differs is kept in full (its held
+        arrays join the stored tensors) and recorded in the manifest. Whether to stop the training."""
+        assert self.live is not None
+        entries = dict(unstored)
+        if tensors:
+            entries.update({name: digest.to_json() for name, digest in digests_of(tensors).items()})
+        check = self.live.check(index, order, entries, {**step.held, **tensors})
+        if check is None:
+            meta.setdefault("notes", {})["live"] = f"not checked: the reference {self.live.path} has no step {index}"
+            return False
+        first = check.differing and self.diverged is None
+        if first:
+            for name in [name for name in order if name in unstored and name in step.held]:
+                tensors[name], stats[name] = step.held[name], unstored.pop(name)["stats"]
+            check.full = True
+            self.diverged = Divergence(step=index, tensor=check.differing[0])
+            tree.manifest = tree.manifest.model_copy(update={"diverged": self.diverged})
+        meta["capture"]["live"] = check.model_dump(mode="json")
+        return bool(first) and self.on_divergence == "stop"
 
     def _meta(self, step: _Step, index: int) -> dict:
         info = CaptureInfo.model_validate({
@@ -661,7 +715,8 @@ class Capture:
 def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
             types: Iterable[str | type] | None = None, side: str | None = None,
             refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-            threads: int | None = None, hash: str = "md5", optimizer: Any = None) -> Capture:
+            threads: int | None = None, hash: str = "md5", optimizer: Any = None, reference: Any = None,
+            map: Any = None, on_divergence: str = "continue") -> Capture:
     """Capture `model` (a module of any framework whose adapter supports capture) into the tree at `path`; see the module's
     note. modules: fnmatch globs on module paths ("(root)" is the model); types: class names or classes,
     selected as well; side: the name in the dumps (default: the framework adapter's name);
@@ -669,6 +724,10 @@ def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[
     threads: the hashing pool's size; hash (digest modes): "md5" (MD5 + XXH3 of a host copy) or "fast"
     (fast64, computed where the tensor lives: harness.store.fast_hash); optimizer: the training's optimizer
     (torch, megatron-core or Paddle), whose step then ends each captured step and is recorded too: the
-    gradients it applied, its state and the updated parameters (harness.store.tree_format)."""
+    gradients it applied, its state and the updated parameters (harness.store.tree_format);
+    reference: a tree (of an earlier run, or the other framework's) each step is checked against while it runs
+    (harness.capture.live), through `map` (a map file or TensorMap: this capture is side B); the first step that
+    differs is written in full, and on_divergence="stop" then raises CaptureDiverged, "continue" goes on."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
-                   provenance=provenance, threads=threads, hash=hash, optimizer=optimizer)
+                   provenance=provenance, threads=threads, hash=hash, optimizer=optimizer, reference=reference,
+                   map=map, on_divergence=on_divergence)
