@@ -530,7 +530,7 @@ def trajectory_text(trajectory: Trajectory) -> str:
     first = trajectory.first_divergent
     count = len(trajectory.steps)
     if first is None:
-        return f"all {count} steps bitwise equal"
+        return f"none of the {count} steps differs"
     inheriting = [step.label for step in trajectory.steps if step.inherits_from == first.index]
     text = f"first divergent step: {first.label} ({KIND_LABELS[first.kind]}) of {count}"
     if first.divergence is not None:
