@@ -144,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--refetch", type=Path, metavar="FILE",
                          help="trees: write per side the modules whose tensors differ (YAML), for "
                               "capture(..., mode=\"digests-then-full\", refetch=FILE)")
+    compare.add_argument("--steps", choices=("first", "all"),
+                         help="trees of several steps: the tensor table of the first divergent step only (default), "
+                              "or of every step; a per-step summary comes first either way")
     compare.add_argument("--exact", type=Path, metavar="DIR",
                          help="two dumps: the float64 reference's dump of the same case (`run --dump` writes it to DIR/exact)")
     compare.add_argument("--json", type=Path, help="write the full comparison as JSON")
@@ -536,8 +539,10 @@ def cmd_compare(args, console: Console) -> int:
         if args.exact:
             raise UsageError("--exact goes with two dumps of a case, not capture trees (replay runs modules in float64)")
         return cmd_compare_trees(args, console)
-    if args.map or args.refetch:
-        raise UsageError(f"{'--map' if args.map else '--refetch'} goes with two capture trees (folders with capture.json)")
+    given = next((option for option, value in (("--map", args.map), ("--refetch", args.refetch), ("--steps", args.steps))
+                  if value), None)
+    if given:
+        raise UsageError(f"{given} goes with two capture trees (folders with capture.json)")
     _check_reports(args)
     if args.exact is not None and is_tree(args.exact):
         raise UsageError(f"--exact {args.exact} is a capture tree: it takes the float64 reference's dump of the same case")
@@ -562,7 +567,7 @@ def cmd_compare_trees(args, console: Console) -> int:
     if args.refetch:
         _check_output(args.refetch, "--refetch", "file")
     tree = compare_trees(args.dump_a, args.dump_b, _load_map(args.map), map_path=args.map)
-    print_tree_comparison(tree, console)
+    print_tree_comparison(tree, console, args.steps or "first")
     if args.refetch:
         sides = tree.refetch()
         with _writing(args.refetch, "the refetch list"):

@@ -4,7 +4,7 @@ each round, so that load from other processes hits them alike); medians, and eac
 plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
-                                     [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full]
+                                     [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full] [--optimizer]
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
 and "fast" (fast64 and the stats computed where the tensor lives, harness.store.fast_hash: on a GPU one
@@ -21,7 +21,11 @@ a device synchronize (as a training loop's loss.item() would); a round is --step
 variant, a captured round inside one `with capture` block whose end (the last step's write) is timed too,
 entering it is not. The result is the time per step.
 bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
-The issue's target: digest mode <= 1.5x the plain step.
+--optimizer: a step ends with an AdamW step (lr 1e-4, clip 1.0), captured too (capture(..., optimizer=):
+gradients applied, states, updated parameters): on cuda megatron-core's own optimizer
+(Float16OptimizerWithFloat16Params for bf16, with fp32 main parameters; FP32Optimizer for fp32); on the CPU,
+where those need CUDA, torch's AdamW (the optimizer megatron-core picks without Transformer Engine or apex)
+after torch's clip_grad_norm_.
 """
 
 from __future__ import annotations
@@ -89,9 +93,30 @@ def forward_backward(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor
     (output if bias is None else output + bias).backward(grad)
 
 
+def make_optimizer(model: torch.nn.Module, device: str, dtype: torch.dtype):
+    """AdamW as megatron-core runs it on `device` (see the module's note)."""
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if device != "cuda":
+        return inner
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer
+
+    config = OptimizerConfig(optimizer="adam", lr=1e-4, clip_grad=1.0, bf16=dtype == torch.bfloat16)
+    if dtype == torch.bfloat16:
+        return Float16OptimizerWithFloat16Params(inner, config, grad_scaler=None, init_state_fn=None)
+    return FP32Optimizer(inner, config, init_state_fn=None)
+
+
+OPTIMIZER = None  # set by main() with --optimizer
+
+
 def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cap=None) -> None:
     forward_backward(model, x, grad)
-    if cap is not None:
+    if OPTIMIZER is not None:
+        if isinstance(OPTIMIZER, torch.optim.Optimizer):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        OPTIMIZER.step()  # a captured step ends here
+    elif cap is not None:
         cap.step()
     if x.is_cuda:
         torch.cuda.synchronize()
@@ -110,7 +135,7 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: 
     if kernel:
         os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = kernel
     try:
-        with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_.split("-")[0]) as cap:
+        with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_.split("-")[0], optimizer=OPTIMIZER) as cap:
             start = time.perf_counter()
             for _ in range(steps):
                 train_step(model, x, grad, cap)
@@ -138,6 +163,7 @@ def main() -> None:
     parser.add_argument("--hash", choices=("md5", "fast", *HASH_KERNELS), nargs="+", default=["md5"],
                         help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA)")
     parser.add_argument("--no-full", action="store_true", help="leave out the full capture variant")
+    parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every step, captured too")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.compiler.set_stance("force_eager")
@@ -149,6 +175,9 @@ def main() -> None:
     times: dict[tuple[str, str] | None, list[float]] = {mode: [] for mode in modes}
     with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
         model, x, grad = model_and_batch(args, dtype)
+        if args.optimizer:
+            global OPTIMIZER
+            OPTIMIZER = make_optimizer(model, args.device, dtype)
         for mode in modes:  # warm-up: first calls, allocator, the capture's imports
             timed(model, x, grad, mode, Path(tmp), args.steps)
         for round_ in range(args.rounds):
@@ -160,7 +189,8 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     plain = statistics.median(times[None])
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
-    print(f"megatron-core {args.model} hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
+    optimizer = f", optimizer {type(OPTIMIZER).__name__}" if OPTIMIZER is not None else ""
+    print(f"megatron-core {args.model}{optimizer} hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
           f"{params:,} parameters, {where}; median of {args.rounds} rounds of {args.steps} steps")
     print(("no full capture; " if args.no_full else f"full capture writes {written / 2**20:.1f} MiB per step; ") +
           f"load average before {load[0]:.2f}, after "

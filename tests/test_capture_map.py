@@ -263,6 +263,11 @@ def test_shape_error_names_the_tensor_and_the_entry(demo_map):
     ("modules: []\nmodules: []\n", r":2: modules: duplicate key"),
     ("tensors: [\n", r":2: \(yaml\)"),
     ("- a\n", r":1: \(top level\): a map is a mapping"),
+    ("modules: [{a: x, b: y}]\nroles:\n  - {a: exp_avgs, b: moment1}\n", r":3: roles.0.a: 'exp_avgs' is not a role of a"),
+    ("modules: [{a: x, b: y}]\nroles:\n  - {}\n", r":3: roles.0: give a, b or both"),
+    ("roles:\n  - {a: exp_avg, b: moment1}\n  - {a: exp_avg_sq, b: moment1}\n", r":3: roles.1.b: 'moment1' is listed twice"),
+    ("roles:\n  - {a: step}\n  - {a: step, b: beta1_pow_acc}\n", r":3: roles.1.a: 'step' is listed twice"),
+    ("roles:\n  - {a: exp_avg, c: moment1}\n", r":2: roles.0.c: Extra inputs"),
 ])
 def test_bad_map_is_one_line_with_file_line_field(tmp_path, text, where):
     path = tmp_path / "bad.yaml"

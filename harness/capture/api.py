@@ -50,11 +50,12 @@ import yaml
 from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
+from harness.capture.live import ON_DIVERGENCE, LiveReference
 from harness.dtypes import NUMPY_DTYPES
 from harness.errors import OutputError, XfalignError
 from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
 from harness.schema import MAX_NAME_CHARS, NAME_RULE, is_safe_name
-from harness.store.digest import digest_entry
+from harness.store.digest import digest_entry, digests_of
 from harness.store.dump import Dump
 from harness.store.fast_hash import HASHES, PendingDigest, fast_entry
 from harness.store.stats import tensor_stats
@@ -63,20 +64,29 @@ from harness.store.tree_format import (
     CAPTURE_FORMAT,
     MODES,
     ROOT,
+    STATE_ROLES,
+    TRAIN,
     CaptureInfo,
     CaptureManifest,
+    Divergence,
     ModuleInfo,
     Record,
     call_tensor,
     param_tensor,
     rank_folder,
     step_folder,
+    train_tensor,
 )
 
 
 class CaptureError(XfalignError):
     """A capture that cannot start: a model no framework adapter knows, a bad mode, side name, selection or
     refetch list, a capture entered twice, a folder another capture is writing."""
+
+
+class CaptureDiverged(CaptureError):
+    """A capture checked against a reference (on_divergence="stop") whose step differed from it: raised once
+    that step is written (in full), from the end of the step (the optimizer's step, or `step()`)."""
 
 
 class CaptureWriteError(OutputError, OSError):
@@ -198,6 +208,11 @@ class _Step:
     skipped: list[str] = field(default_factory=list)  # tensors of dtypes no dump holds: "name (dtype)"
     seen: dict[int, tuple] = field(default_factory=dict)  # id(tensor) -> (weak reference, version, full, name)
     started: bool = False  # parameters recorded (by the first hook of the step)
+    grads_recorded: bool = False  # the parameters' gradients recorded (by step(), or by the optimizer's step)
+    loss: list[str] = field(default_factory=list)  # the (train) loss record's tensors: placed before the backward
+    # a grad norm xfalign computes when the step is written: its name -> the names of the gradients it is over
+    norms: dict[str, list[str]] = field(default_factory=dict)
+    held: dict[str, np.ndarray] = field(default_factory=dict)  # digest-only tensors' host copies, for a live check
 
 
 class Capture:
@@ -206,7 +221,8 @@ class Capture:
     def __init__(self, model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
                  types: Iterable[str | type] | None = None, side: str | None = None,
                  refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-                 threads: int | None = None, hash: str = "md5"):
+                 threads: int | None = None, hash: str = "md5", optimizer: Any = None, reference: Any = None,
+                 map: Any = None, on_divergence: str = "continue"):
         if mode not in MODES:
             raise CaptureError(f"capture: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         if hash not in HASHES:
@@ -222,6 +238,18 @@ class Capture:
         if refetch is not None and mode != "digests-then-full":
             raise CaptureError(f"capture: refetch needs mode 'digests-then-full', not {mode!r}")
         self.provenance = provenance
+        self.optimizer = optimizer
+        self.probe = None if optimizer is None else self.adapter.optimizer_probe(optimizer)
+        if optimizer is not None and self.probe is None:
+            raise CaptureError(f"capture: optimizer= is a {type(optimizer).__module__}.{type(optimizer).__name__}, not an "
+                               f"optimizer of {self.adapter.name} this capture can read (the model is a {self.adapter.name} module)")
+        if on_divergence not in ON_DIVERGENCE:
+            raise CaptureError(f"capture: on_divergence={on_divergence!r}; expected one of {', '.join(ON_DIVERGENCE)}")
+        if map is not None and reference is None:
+            raise CaptureError("capture: map= names how this capture's tensors pair with a reference's: give reference= too")
+        self.live = None if reference is None else LiveReference(reference, map)
+        self.on_divergence = on_divergence
+        self.diverged: Divergence | None = None
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
         self.rank: int | None = None
         self.world_size: int | None = None
@@ -269,12 +297,15 @@ class Capture:
                 self.params.setdefault(owner, []).append((f"{relative}.{name}" if relative else name, param))
         self.full = {path: self.mode == "full" or any(fnmatch.fnmatchcase(_module_name(path), glob) for glob in self.refetch)
                      for path in self.modules}
+        self.full[TRAIN] = True  # a step's scalars are a few bytes: kept, so reports can print them
 
     def _manifest(self) -> CaptureManifest:
         """The tree's manifest (its steps: the TreeWriter's)."""
         return CaptureManifest.model_validate({
             "format": CAPTURE_FORMAT, "xfalign": __version__, "side": self.side, "framework": self.adapter.name,
-            "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": []})
+            "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root, "steps": [],
+            "optimizer": None if self.probe is None else self.probe.kind,
+            "reference": None if self.live is None else self.live.path})
 
     def _environment(self) -> dict:
         from harness.numerics import NumericsProfile
@@ -308,6 +339,8 @@ class Capture:
                 self._removers += self.adapter.hook_module(
                     module, lambda m, args, kwargs, path=path: self._before(path, args, kwargs),
                     lambda m, args, kwargs, out, path=path: self._after(path, out))
+            if self.probe is not None:
+                self._removers += self.probe.hook(self._optimizer_begins, self._optimizer_ends)
         except BaseException:
             self._close()
             raise
@@ -373,7 +406,7 @@ class Capture:
             for j, item in enumerate(items):
                 self._leaves(item, f"{slot}.{j}", found, counter)
 
-    def _submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
+    def _submit(self, step: _Step, name: str, tensor: Any, path: str, fresh: bool = False) -> str | None:
         """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
         (and a note in the step's meta) for a dtype or layout no dump holds."""
         unsupported = _unsupported(self.adapter, tensor)
@@ -381,19 +414,26 @@ class Capture:
             step.skipped.append(f"{name} ({unsupported})")
             return None
         full, version = self.full[path], self.adapter.tensor_version(tensor)
-        seen = step.seen.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1:] == (version, full):
+        # fresh: changed by an optimizer kernel, which need not count as an in-place change (Paddle's do not)
+        seen = None if fresh else step.seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full):
             step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
+            if seen[3] in step.held:
+                step.held[name] = step.held[seen[3]]
             return name
         fast = self.hash == "fast" and not full
         pending = self.adapter.device_digest(tensor) if fast else None
         if pending is not None:
             step.results[name] = (None, pending)
+            if self.live is not None:
+                step.held[name] = self.adapter.host_copy(tensor)
         else:
             array = self.adapter.host_copy(tensor)
             assert self._pool is not None
             step.results[name] = (array, self._pool.submit(tensor_stats, array)) if full else \
                 (None, self._pool.submit(fast_entry if fast else digest_entry, array))
+            if self.live is not None and not full:
+                step.held[name] = array
         if version is not None:
             try:
                 step.seen[id(tensor)] = (weakref.ref(tensor), version, full, name)
@@ -460,24 +500,135 @@ class Capture:
 
     # -- writing ------------------------------------------------------------------------------------------
 
+    def loss(self, value: Any) -> None:
+        """Record the step's loss (a 0-d tensor, or a number) as `(train):loss.0`, kept in full: call it once a
+        step, after the forward pass (before or after the backward pass)."""
+        step = self._step
+        self._active("loss()")
+        with self._lock:
+            if not step.started:
+                self._start(step)
+            name = train_tensor("loss", 0)
+            if self._record_scalar(step, name, value):
+                step.loss = [name]
+
+    def grad_norm(self, value: Any) -> None:
+        """Record the global gradient norm the training code computed (torch's clip_grad_norm_ returns it) as
+        `(train):grad_norm.reported`: a megatron-core optimizer's step reports its own."""
+        self._active("grad_norm()")
+        with self._lock:
+            self._record_scalar(self._step, train_tensor("grad_norm", "reported"), value)
+
     def step(self) -> Path:
         """End the step: record the parameter gradients, start moving the fast digests to the host and hand
         the step to the writer thread, which writes step-0000k and the manifest (TreeWriter.write_step); the
         folder it will be.
-        Call it after the backward pass and before the gradients are zeroed (or changed in place)."""
+        Call it after the backward pass and before the gradients are zeroed (or changed in place).
+        With `optimizer=`, the step ends when the optimizer's step returns instead: step() then only records
+        the gradients as they are before the optimizer clips them (without it, they are recorded as the
+        optimizer's step begins), and returns the folder the step will be."""
         step = self._step
-        if self._pool is None or self._writer is None:
-            raise CaptureError("capture: step() called outside the `with capture(...)` block")
+        self._active("step()")
         with self._lock:
             if not step.started:
                 self._start(step)
-            for path, params in self.params.items():
-                grads = [(name, self.adapter.parameter_grad(param)) for name, param in params]
-                names = [submitted for name, grad in grads if grad is not None and
-                         (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path))]
-                if names:
-                    step.records.append((_module_name(path), None, "grads", names))
+            self._record_grads(step)
+            if self.probe is not None:
+                return self.folder / step_folder(self._steps)
             self._step = _Step()  # hooks from here on record the next step
+        return self._hand_over(step)
+
+    def _active(self, what: str) -> None:
+        if self._pool is None or self._writer is None:
+            raise CaptureError(f"capture: {what} called outside the `with capture(...)` block")
+
+    def _record_grads(self, step: _Step) -> None:
+        if step.grads_recorded:
+            return
+        step.grads_recorded = True
+        for path, params in self.params.items():
+            grads = [(name, self.adapter.parameter_grad(param)) for name, param in params]
+            names = [submitted for name, grad in grads if grad is not None and
+                     (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path))]
+            if names:
+                step.records.append((_module_name(path), None, "grads", names))
+
+    def _record_scalar(self, step: _Step, name: str, value: Any) -> bool:
+        """A (train) scalar: a 0-d tensor as it is, a number as float64; False (and a note) for anything else."""
+        if isinstance(value, self._tensor):
+            return self._submit(step, name, value, TRAIN) is not None
+        try:
+            array = np.asarray(float(value), dtype=np.float64)
+        except (TypeError, ValueError):
+            step.skipped.append(f"{name} (a {type(value).__name__}, not a number)")
+            return False
+        assert self._pool is not None
+        step.results[name] = (array, self._pool.submit(tensor_stats, array))
+        return True
+
+    def _optimizer_begins(self) -> None:
+        step = self._step
+        with self._lock:
+            if not step.started:
+                self._start(step)
+            self._record_grads(step)  # before the optimizer's clipping, when step() has not recorded them
+
+    def _optimizer_ends(self, reported_norm: float | None) -> None:
+        """The optimizer's step has returned: record per parameter the gradient it applied, its state and the
+        parameter as updated; the learning rates and grad norms; then end the step."""
+        step, probe = self._step, self.probe
+        assert probe is not None
+        with self._lock:
+            clipped, grads, first = [], [], len(step.records)
+            for path, params in self.params.items():
+                module, names = _module_name(path), []
+                for param_name, param in params:
+                    grad = probe.consumed_grad(param)
+                    if grad is not None and (name := self._submit(step, param_tensor(module, "grad_clipped", param_name), grad, path)):
+                        names.append(name)
+                        clipped.append(name)
+                    for state, tensor in probe.states(param):
+                        if state not in STATE_ROLES:
+                            step.skipped.append(f"{param_tensor(module, state, param_name)} (an optimizer state xfalign has no name for)")
+                        elif (name := self._submit(step, param_tensor(module, state, param_name), tensor, path, fresh=True)):
+                            names.append(name)
+                    if (name := self._submit(step, param_tensor(module, "updated", param_name), param, path, fresh=True)):
+                        names.append(name)
+                if names:
+                    step.records.append((module, None, "optimizer", names))
+                grads += [n for n in (param_tensor(module, "grad", p) for p, _ in params) if n in step.results]
+            rates = {train_tensor("lr", group): lr for group, lr in enumerate(probe.learning_rates())}
+            scalars = [name for name, lr in rates.items() if self._record_scalar(step, name, lr)]
+            reported = train_tensor("grad_norm", "reported")
+            if reported_norm is not None:
+                self._record_scalar(step, reported, reported_norm)
+            if reported in step.results:  # the optimizer's, or told by grad_norm()
+                scalars.append(reported)
+            step.norms = {train_tensor("grad_norm", "pre_clip"): grads, train_tensor("grad_norm", "post_clip"): clipped}
+            # the step's learning rates and norms come first: the updates follow from them
+            step.records.insert(first, (TRAIN, None, "optimizer", scalars + list(step.norms)))
+            self._step = self._carried(step)
+        self._hand_over(step)
+
+    @staticmethod
+    def _carried(step: _Step) -> _Step:
+        """The next step, knowing the updated parameters' digests: its `:param.` records are the same tensors,
+        unchanged since (their version says so), not hashed again."""
+        carried = _Step()
+        for key, seen in step.seen.items():
+            name = seen[3]
+            if ":updated." in name:
+                carried.seen[key], carried.results[name] = seen, step.results[name]
+                if name in step.held:
+                    carried.held[name] = step.held[name]
+        return carried
+
+    def _hand_over(self, step: _Step) -> Path:
+        """Hand a recorded step to the writer thread (after the step before it is written)."""
+        assert self._writer is not None
+        if step.loss:  # the loss comes before the backward pass, whenever it was recorded
+            at = next((i for i, record in enumerate(step.records) if record[2] == "backward"), len(step.records))
+            step.records.insert(at, (TRAIN, None, "loss", step.loss))
         for remove in step.grad_hooks:
             remove()
         pending = list({id(work): work for _, work in step.results.values()
@@ -486,6 +637,8 @@ class Capture:
         self.flush()  # the step before: one step written at a time
         index, self._steps = self._steps, self._steps + 1
         self._writing = self._writer.submit(self._write, step, index, pending, rows)
+        if self.live is not None and self.on_divergence == "stop":
+            self.flush()  # the check's verdict before training goes on
         return self.folder / step_folder(index)
 
     def _write(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
@@ -506,13 +659,48 @@ class Capture:
         stats: dict[str, dict] = {}
         order = [name for *_, names in step.records for name in names]
         for name in order:
+            if name in step.norms:
+                continue
             array, work = step.results[name]
             if array is None:
                 unstored[name] = work.result()
             else:
                 tensors[name], stats[name] = array, work.result()
+        for name, over in step.norms.items():  # float64 sqrt of the sum of the gradients' squared L2 norms
+            found = [(unstored.get(g) or {"stats": stats.get(g)})["stats"] for g in over]
+            norms = [entry["norm"] for entry in found if entry and entry.get("norm") is not None]
+            tensors[name] = np.asarray(np.sqrt(np.sum(np.square(norms, dtype=np.float64))), dtype=np.float64)
+            stats[name] = tensor_stats(tensors[name])
+        stop = self.live is not None and self._check_live(tree, step, index, meta, order, tensors, unstored, stats)
         # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
         tree.write_step(index, Dump(meta, tensors, unstored=unstored, stats=stats, order=order), validate=False)
+        if stop:
+            assert self.diverged is not None and self.live is not None
+            raise CaptureDiverged(f"capture {self.folder}: step {index} differs from the reference {self.live.path} "
+                                  f"first at {self.diverged.tensor} (written in full: {tree.folder / step_folder(index)}); "
+                                  "stopped (on_divergence='stop')")
+
+    def _check_live(self, tree: TreeWriter, step: _Step, index: int, meta: dict, order: list[str],
+                    tensors: dict[str, np.ndarray], unstored: dict[str, dict], stats: dict[str, dict]) -> bool:
+        """Check the step against the reference's; the first step that differs is kept in full (its held
+        arrays join the stored tensors) and recorded in the manifest. Whether to stop the training."""
+        assert self.live is not None
+        entries = dict(unstored)
+        if tensors:
+            entries.update({name: digest.to_json() for name, digest in digests_of(tensors).items()})
+        check = self.live.check(index, order, entries, {**step.held, **tensors})
+        if check is None:
+            meta.setdefault("notes", {})["live"] = f"not checked: the reference {self.live.path} has no step {index}"
+            return False
+        first = check.differing and self.diverged is None
+        if first:
+            for name in [name for name in order if name in unstored and name in step.held]:
+                tensors[name], stats[name] = step.held[name], unstored.pop(name)["stats"]
+            check.full = True
+            self.diverged = Divergence(step=index, tensor=check.differing[0])
+            tree.manifest = tree.manifest.model_copy(update={"diverged": self.diverged})
+        meta["capture"]["live"] = check.model_dump(mode="json")
+        return bool(first) and self.on_divergence == "stop"
 
     def _meta(self, step: _Step, index: int) -> dict:
         info = CaptureInfo.model_validate({
@@ -541,12 +729,19 @@ class Capture:
 def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[str] | None = ("*",),
             types: Iterable[str | type] | None = None, side: str | None = None,
             refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
-            threads: int | None = None, hash: str = "md5") -> Capture:
+            threads: int | None = None, hash: str = "md5", optimizer: Any = None, reference: Any = None,
+            map: Any = None, on_divergence: str = "continue") -> Capture:
     """Capture `model` (a module of any framework whose adapter supports capture) into the tree at `path`; see the module's
     note. modules: fnmatch globs on module paths ("(root)" is the model); types: class names or classes,
     selected as well; side: the name in the dumps (default: the framework adapter's name);
     refetch (mode "digests-then-full"): the module globs, or the YAML file listing them, kept in full;
     threads: the hashing pool's size; hash (digest modes): "md5" (MD5 + XXH3 of a host copy) or "fast"
-    (fast64, computed where the tensor lives: harness.store.fast_hash)."""
+    (fast64, computed where the tensor lives: harness.store.fast_hash); optimizer: the training's optimizer
+    (torch, megatron-core or Paddle), whose step then ends each captured step and is recorded too: the
+    gradients it applied, its state and the updated parameters (harness.store.tree_format);
+    reference: a tree (of an earlier run, or the other framework's) each step is checked against while it runs
+    (harness.capture.live), through `map` (a map file or TensorMap: this capture is side B); the first step that
+    differs is written in full, and on_divergence="stop" then raises CaptureDiverged, "continue" goes on."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
-                   provenance=provenance, threads=threads, hash=hash)
+                   provenance=provenance, threads=threads, hash=hash, optimizer=optimizer, reference=reference,
+                   map=map, on_divergence=on_divergence)

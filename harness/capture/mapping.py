@@ -2,6 +2,11 @@
 
     format: xfalign-map/1
     sides: {a: megatron, b: paddle}            # optional: the sides (names or frameworks) it was written for
+    roles:                                     # B's role words in A's (optimizer states), before anything else
+      - {a: exp_avg, b: moment1}
+      - {a: exp_avg_sq, b: moment2}
+      - {a: step}                              # one side only: no counterpart, ignored (as under ignore)
+      - {b: beta1_pow_acc}
     defaults:                                  # layouts of module pairs that do not give their own
       calls: {permute: [1, 0, 2]}              #   inputs/outputs/grad_outputs: A [s, b, h] = B [b, s, h]
       params: {transpose: true}                #   params/grads: torch [out, in] = paddle [in, out]
@@ -24,6 +29,15 @@
     ignore:                                    # tensors with no counterpart, on purpose (not reported)
       b: ["layers.{i}.mlp.up_proj#{c}:input.0"]     # the same input as gate_proj's
 
+Roles (`roles:`): a pair renames the role word of B's tensor names (`<module>:moment1.<p>`) to A's
+(`<module>:exp_avg.<p>`) before anything else of the map is applied, so every other entry is written in A's
+words (B's patterns and `ignore.b` included) and module pairs, `defaults.params` layouts and splits apply to
+optimizer states as to `:param.` tensors; `to_b` renames back after them. A word of one side alone has no
+counterpart: the tensors with that role are ignored on that side, as under `ignore`. Words are roles of
+harness.store.tree_format (ROLES); each must occur in its side's tree. A tensor entry covers a parameter's
+optimizer records when its role capture lists their (A's) words: `{role:param|grad|grad_clipped|updated|
+exp_avg|exp_avg_sq}` (`map suggest` lists those the trees hold).
+
 Patterns: `{name}` captures one dotted component (no `.`, `#`, `:`), `{name:x|y}` one of the listed words,
 a capture named twice must match the same text; `*` (any text within a component) only in `ignore`.
 
@@ -36,15 +50,16 @@ are converted to the fused side's layout and joined along it (`stack: true`: sta
 `sizes` (default equal parts) and `count` (parts of a capture; needed to split when sizes and stack do not
 tell) are checked where known.
 
-What `to_a` does with each B tensor: an `ignore.b` match is dropped; a tensor entry, then a module pair,
-then the identity (its own name: a tensor the map does not mention keeps its name, so with no map at all
-the names pair as they are, and an unmapped B tensor is reported by the comparison as present on one side
-only, through OneSidedPair; an A name made by an entry wins over a B tensor kept under its own name).
+What `to_a` does with each B tensor: one whose role is B's alone is dropped; its role word is renamed (roles);
+an `ignore.b` match is dropped; then a tensor entry, a module pair, or the identity (its own name: a tensor
+the map does not mention keeps its name, so with no map at all the names pair as they are, and an unmapped
+B tensor is reported by the comparison as present on one side only, through OneSidedPair; an A name made by
+an entry wins over a B tensor kept under its own name).
 A map must fit the trees it pairs (`check_trees`, before anything is compared): `sides`, where given, name
-each tree's side or framework, in order, and every pattern of every entry (modules, tensors, ignore) matches
-a module or tensor of its side in some step; an empty map is refused when loaded. A map covers only what it
-must (a tensor it does not mention keeps its name), but an entry that pairs nothing is a typo or a map made
-for other trees.
+each tree's side or framework, in order; every `roles` word occurs in a tensor name of its side, and every
+pattern of every entry (modules, tensors, ignore) matches a module or tensor of its side (B's names in A's
+role words) in some step; an empty map is refused when loaded. A map covers only what it must (a tensor it
+does not mention keeps its name), but an entry that pairs nothing is a typo or a map made for other trees.
 
 Sharding (a side captured on several ranks: its tree has rank-NNNNN folders): `shard: {a: {...}, b: {...}}`
 says, per side, how that side's tensors matched by the entry's patterns of that side (each part, where
@@ -81,7 +96,7 @@ from harness.sharding import Sharding
 from harness.store.digest import digests_of
 from harness.store.dump import Dump
 from harness.store.tree import Tree
-from harness.store.tree_format import TensorName
+from harness.store.tree_format import ROLES, TensorName
 from harness.yamlio import line_and_field, read_yaml
 
 MAP_FORMAT: Literal["xfalign-map/1"] = "xfalign-map/1"
@@ -327,9 +342,30 @@ class Ignore(_Strict):
         return value
 
 
+class RoleEntrySpec(_Strict):
+    """Two sides' words for one role (`{a: exp_avg, b: moment1}`), or one side's alone: no counterpart."""
+
+    a: str | None = None
+    b: str | None = None
+
+    @field_validator("a", "b")
+    @classmethod
+    def _known(cls, word: str | None) -> str | None:
+        if word is not None and word not in ROLES:
+            raise ValueError(f"{word!r} is not a role of a captured tensor's name ({', '.join(ROLES)})")
+        return word
+
+    @model_validator(mode="after")
+    def _given(self) -> RoleEntrySpec:
+        if self.a is None and self.b is None:
+            raise ValueError("give a, b or both (a word of one side alone: its tensors have no counterpart)")
+        return self
+
+
 class MapSpec(_Strict):
     format: Literal["xfalign-map/1"] = MAP_FORMAT
     sides: dict[Side, str] = {}
+    roles: list[RoleEntrySpec] = []
     defaults: Defaults = Defaults()
     modules: list[ModuleEntrySpec] = []
     tensors: list[TensorEntrySpec] = []
@@ -467,6 +503,18 @@ class TensorMap:
                                                     _given(module_spec.calls, self.spec.defaults.calls),
                                                     _given(module_spec.params, self.spec.defaults.params)))
         self.ignore = {side: [Pattern.compile(t, star=True) for t in getattr(self.spec.ignore, side)] for side in ("a", "b")}
+        self.role_words: dict[Side, dict[str, str]] = {"a": {}, "b": {}}  # a side's word -> the other side's
+        self.alone: dict[Side, set[str]] = {"a": set(), "b": set()}  # words of one side: no counterpart
+        for index, role in enumerate(self.spec.roles):
+            for side in SIDES:
+                word = getattr(role, side)
+                if word in self.role_words[side] or word in self.alone[side]:
+                    raise self._error(("roles", index, side), f"{word!r} is listed twice for side {side}")
+            if role.a is not None and role.b is not None:
+                self.role_words["a"][role.a], self.role_words["b"][role.b] = role.b, role.a
+            else:
+                side = "a" if role.a is not None else "b"
+                self.alone[side].add(getattr(role, side))
 
     @property
     def sides(self) -> dict[Side, str]:
@@ -474,7 +522,7 @@ class TensorMap:
 
     @property
     def is_identity(self) -> bool:
-        return not (self.spec.tensors or self.spec.modules or self.spec.ignore.a or self.spec.ignore.b)
+        return not (self.spec.tensors or self.spec.modules or self.spec.ignore.a or self.spec.ignore.b or self.spec.roles)
 
     def check_trees(self, tree_a: Tree, tree_b: Tree) -> None:
         """MapError (file:line: field) where the map does not fit the two trees it is to pair: its `sides`
@@ -488,13 +536,24 @@ class TensorMap:
                                                    f"side {manifest.side!r} (framework {manifest.framework}): give the trees "
                                                    "in the map's order, or correct sides")
         names = {side: tree.tensor_names() for side, tree in trees.items()}
-        modules = {side: {parsed.module for parsed in map(TensorName.parse, found) if parsed is not None}
-                   for side, found in names.items()}
+        parsed_names = {side: [parsed for parsed in map(TensorName.parse, found) if parsed is not None]
+                        for side, found in names.items()}
+        modules = {side: {parsed.module for parsed in found} for side, found in parsed_names.items()}
+        for index, role in enumerate(self.spec.roles):
+            for side in SIDES:
+                word = getattr(role, side)
+                if word is not None and not any(parsed.role == word for parsed in parsed_names[side]):
+                    raise self._error(("roles", index, side), f"no tensor of tree {side.upper()} ({trees[side].path}) has "
+                                                              f"the role {word!r}: correct it, or remove the entry")
+        raw_b, names["b"] = names["b"], {self._in_a_words("b", name) for name in names["b"]}
         for location, side, pattern in self._patterns():
             is_module = location[0] == "modules"
             if not any(pattern.match(name) is not None for name in (modules if is_module else names)[side]):
+                hint = ""
+                if side == "b" and not is_module and any(pattern.match(name) is not None for name in raw_b):
+                    hint = f" in A's role words (roles: renames {', '.join(sorted(self.role_words['b']))} first)"
                 raise self._error(location, f"{pattern.text!r} matches no {'module' if is_module else 'tensor'} of tree "
-                                            f"{side.upper()} ({trees[side].path}): correct it, or remove the entry")
+                                            f"{side.upper()} ({trees[side].path}){hint}: correct it, or remove the entry")
 
     def _patterns(self) -> Iterator[tuple[tuple, Side, Pattern]]:
         """Every pattern of the map's entries, with its place in the file and the side whose names it matches."""
@@ -524,15 +583,27 @@ class TensorMap:
     def sharding(self, side: Side, name: str) -> Sharding | None:
         """How tensor `name` of `side` is split across that side's ranks: the shard of the first tensor entry
         whose `side` patterns match it (first match wins, as in translation); None: a replica."""
-        hit = self._entry_hit(name, side)
+        hit = self._entry_hit(self._in_a_words(side, name), side)
         if hit is None:
             return None
         shard = self.tensor_entries[hit[0]].shard.get(side)
         return None if shard is None else shard.sharding()
 
     def ignored(self, side: Side, name: str) -> bool:
-        """Whether `name` of `side` is in the map's ignore list (no counterpart on purpose)."""
-        return any(pattern.match(name) is not None for pattern in self.ignore[side])
+        """Whether `name` of `side` has no counterpart on purpose: its role is that side's alone (roles), or it
+        is in the map's ignore list."""
+        return self._ignores(side, name, self._in_a_words(side, name))
+
+    def _ignores(self, side: Side, name: str, read: str) -> bool:
+        """`ignored`, given `read`: the name in A's role words."""
+        parsed = TensorName.parse(name) if self.alone[side] else None
+        if parsed is not None and parsed.role in self.alone[side]:
+            return True
+        return any(pattern.match(read) is not None for pattern in self.ignore[side])
+
+    def _in_a_words(self, side: Side, name: str) -> str:
+        """A tensor name of `side` with its role word in A's words (the words every pattern is written in)."""
+        return name if side == "a" else _with_role(name, self.role_words["b"])
 
     # --- translation, one engine for both directions ---
 
@@ -589,8 +660,9 @@ class TensorMap:
         return result
 
     def to_b(self, arrays_a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """A's arrays in B's names and layouts (the inverse of to_a): weights to load into B, replay inputs.
-        Names the map does not mention keep their names; ignore.a names are dropped."""
+        """A's arrays in B's names and layouts (the inverse of to_a): weights and optimizer states to load into
+        B, replay inputs. Names the map does not mention keep their names (role words renamed: roles); ignore.a
+        names and roles of A alone are dropped."""
         made = self._translate(list(arrays_a), "a", lambda name: _Source(np.asarray(arrays_a[name]), None))
         if made.left_out:
             name, why = next(iter(made.left_out.items()))
@@ -645,10 +717,11 @@ class TensorMap:
         jobs: list[tuple] = []  # in the order of first appearance
         kept: list[tuple[str, str]] = []
         for name in names:
-            if self.ignored(source, name):
+            read = self._in_a_words(source, name)  # what the patterns match; jobs fetch `name`
+            if self._ignores(source, name, read):
                 made.ignored.append(name)
                 continue
-            hit = self._entry_hit(name, source)
+            hit = self._entry_hit(read, source)
             if hit is not None:
                 index, part, values = hit
                 entry = self.tensor_entries[index]
@@ -662,11 +735,11 @@ class TensorMap:
                     jobs.append(("entry", index, key_values, groups[key]))
                 groups[key][part] = name
                 continue
-            renamed = self._module_hit(name, source)
+            renamed = self._module_hit(read, source)
             if renamed is not None:
                 jobs.append(("rename", name, *renamed))
             else:
-                kept.append((name, name))
+                kept.append((name, read))
         for job in jobs:
             if job[0] == "rename":
                 _, name, new_name, layout, where = job
@@ -678,6 +751,8 @@ class TensorMap:
             if new_name in made.outputs or new_name in made.left_out:
                 continue  # an A name made by an entry wins over a B tensor kept under its own name
             self._one(made, new_name, [name], fetch(name), IDENTITY, to_a, "")
+        if target == "b" and self.role_words["a"]:
+            made.in_b_words(lambda name: _with_role(name, self.role_words["a"]), self.source)
         return made
 
     def _entry_hit(self, name: str, side: Side) -> tuple[int, str, dict[str, str]] | None:
@@ -837,6 +912,15 @@ class TensorMap:
                 raise MapApplyError(f"{entry.where}: tensor {name} (part {new_name}): {error}") from None
 
 
+def _with_role(name: str, words: dict[str, str]) -> str:
+    """`name` with its role word replaced by words[role], where listed."""
+    parsed = TensorName.parse(name) if words else None
+    if parsed is None or parsed.role not in words:
+        return name
+    prefix = name[:len(name) - len(parsed.slot) - len(parsed.role) - 1]  # `<module>#<call>:`
+    return f"{prefix}{words[parsed.role]}.{parsed.slot}"
+
+
 def _fill(text: str, values: dict[str, str]) -> str:
     """A pattern with the captures in `values` filled in, the others left as captures."""
     return _TOKEN.sub(lambda t: values.get(t["name"], t.group()), text)
@@ -860,6 +944,17 @@ class _Made:
     how: dict[str, str] = field(default_factory=dict)
     unmapped: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+
+    def in_b_words(self, rename, source: str) -> None:
+        """The names made (A's role words, where a map's entries left them) renamed by `rename` (to B's)."""
+        for attribute in ("outputs", "left_out", "sources", "how"):
+            made: dict = getattr(self, attribute)
+            renamed = {rename(name): value for name, value in made.items()}
+            if len(renamed) != len(made):
+                twice = next(name for name in made if rename(name) != name and rename(name) in made)
+                raise MapApplyError(f"{source}: tensor {rename(twice)}: made twice (as itself, and from {twice} "
+                                    "renamed by roles)")
+            setattr(self, attribute, renamed)
 
 
 # --- loading ------------------------------------------------------------------------------------------

@@ -7,6 +7,10 @@ output.0 is theirs joined along one axis (a fused projection: Megatron linear_fc
 a record that pairs with nothing within a few records is skipped and listed in a comment. Parameters of
 paired modules are compared by shape: equal, transposed, or (fused pairs) joined along one axis. Layer
 indices that agree on both sides become captures ({i}), so one entry covers every layer.
+
+Optimizer records: where one tree names its optimizer states in torch's words (exp_avg, ...) and the other
+in Paddle's (moment1, ...), a `roles:` section pairs them (STATE_PAIRS) and marks the words of one side
+alone; tensor entries' role captures list every per-parameter role A holds with its parameter's shape.
 """
 
 from __future__ import annotations
@@ -22,10 +26,17 @@ import numpy as np
 
 from harness.capture.mapping import MapError
 from harness.store.dump import Dump
-from harness.store.tree_format import TensorName
+from harness.store.tree_format import PARAM_ROLES, STATE_ROLES, STEP_ROLES, TensorName
 
 LOOKAHEAD = 6  # records skipped, at most, to find the next pair
 Shape = tuple[int, ...]
+
+# optimizer states: (torch's word, Paddle's word), then each one's words without a counterpart (why, for the YAML)
+STATE_PAIRS = (("exp_avg", "moment1"), ("exp_avg_sq", "moment2"), ("max_exp_avg_sq", "moment2_max"),
+               ("main_param", "master_weight"))
+STATES_ALONE = ({"step": "torch's step count t; no Paddle tensor holds it"},
+                {"beta1_pow_acc": "Paddle's beta1^(t+1); no torch tensor holds it",
+                 "beta2_pow_acc": "Paddle's beta2^(t+1); no torch tensor holds it"})
 
 
 class TreeLike(Protocol):
@@ -53,6 +64,8 @@ class _Side:
     calls: list[_Call]
     params: dict[str, dict[str, Shape]]  # module -> param slot -> shape
     arrays: Any  # the dump's stored tensors (to check which part of a fused weight is which)
+    roles: set[str]  # the roles of the step's tensor names
+    param_roles: list[str]  # param, grad and the optimizer's per-parameter roles of the parameter's shape
 
 
 @dataclass
@@ -96,11 +109,18 @@ def _side(tree: TreeLike, step: int) -> _Side:
                 if parsed is not None and parsed.role in slots:
                     slots[parsed.role][parsed.slot] = shapes[name]
             calls.append(_Call(record["module"], record["call"] or 0, slots["output"], slots["input"]))
-    for name, shape in shapes.items():
-        parsed = TensorName.parse(name)
-        if parsed is not None and parsed.role == "param":
+    parsed_names = [(parsed, shape) for parsed, shape in ((TensorName.parse(n), s) for n, s in shapes.items()) if parsed]
+    for parsed, shape in parsed_names:
+        if parsed.role == "param":
             params.setdefault(parsed.module, {})[parsed.slot] = shape
-    return _Side(str(getattr(tree, "path", "?")), dump.side, dump.meta.get("framework", "?"), calls, params, dump.tensors)
+    shaped: dict[str, bool] = {}  # a per-parameter role -> its tensors all have their parameter's shape
+    for parsed, shape in parsed_names:
+        param = params.get(parsed.module, {}).get(parsed.slot)
+        if parsed.call is None and param is not None:
+            shaped[parsed.role] = shaped.get(parsed.role, True) and shape == param
+    param_roles = [*PARAM_ROLES, *(role for role in STEP_ROLES + STATE_ROLES if shaped.get(role))]
+    return _Side(str(getattr(tree, "path", "?")), dump.side, dump.meta.get("framework", "?"), calls, params, dump.tensors,
+                 {parsed.role for parsed, _ in parsed_names}, param_roles)
 
 
 # --- shapes -------------------------------------------------------------------------------------------
@@ -276,7 +296,7 @@ def _fused(found: _Suggestion, a: _Side, b: _Side, call_a: _Call, calls_b: list[
         kind, axis = sorted(fits)[0]
         shapes = "; ".join(f"{slot}: A {list(s)}" for slot, s in params_a.items())
         found.tensors.append((f"{module_a}:param", "\n".join([
-            f"  - a: {_q(module_a + ':{role:param|grad}.{p}')}  # {shapes}; {which}",
+            f"  - a: {_q(module_a + ':{role:' + '|'.join(a.param_roles) + '}.{p}')}  # {shapes}; {which}",
             f"    b: {parts_text([':{role}.{p}'] * len(parts))}",
             *([f"    {kind}"] if kind else []),
             f"    split: {{axis: {axis}}}"])))
@@ -322,6 +342,35 @@ def _part_order(a: _Side, b: _Side, module_a: str, modules_b: list[str]) -> tupl
     return list(range(len(modules_b))), False
 
 
+# --- optimizer states ---------------------------------------------------------------------------------
+
+
+def _state_family(side: _Side) -> int | None:
+    """0: the side names its optimizer states in torch's words, 1: in Paddle's, None: it has none (or both)."""
+    found = {k for k, alone in enumerate(STATES_ALONE) for word in [*(p[k] for p in STATE_PAIRS), *alone]
+             if word in side.roles}
+    return found.pop() if len(found) == 1 else None
+
+
+def _roles(a: _Side, b: _Side) -> list[str]:
+    """The `roles:` entries (YAML lines) pairing A's optimizer-state words with B's, where their words differ."""
+    family_a, family_b = _state_family(a), _state_family(b)
+    if family_a is None or family_b is None or family_a == family_b:
+        return []
+    lines = []
+    for pair in STATE_PAIRS:
+        word_a, word_b = pair[family_a], pair[family_b]
+        if word_a in a.roles and word_b in b.roles:
+            lines.append(f"  - {{a: {word_a}, b: {word_b}}}")
+        elif word_a in a.roles or word_b in b.roles:
+            side, word, other, missing = ("a", word_a, "B", word_b) if word_a in a.roles else ("b", word_b, "A", word_a)
+            lines.append(f"  - {{{side}: {word}}}  # {other} has no {missing}: no counterpart, ignored")
+    for side, found, family in (("a", a, family_a), ("b", b, family_b)):
+        lines += [f"  - {{{side}: {word}}}  # {why}: ignored" for word, why in STATES_ALONE[family].items()
+                  if word in found.roles]
+    return lines
+
+
 # --- the YAML -----------------------------------------------------------------------------------------
 
 
@@ -336,6 +385,14 @@ def _unique(entries: list[tuple[str, str]], notes: list[str]) -> list[str]:
     return list(kept.values())
 
 
+def _roles_text(a: _Side, b: _Side) -> list[str]:
+    entries = _roles(a, b)
+    if not entries:
+        return []
+    return ["# B's optimizer-state words renamed to A's before the entries below (written in A's words);",
+            "# a word of one side alone has no counterpart: its tensors are ignored", "roles:", *entries]
+
+
 def _render(found: _Suggestion, a: _Side, b: _Side, tree_a: Any, tree_b: Any, step: int, pairs: int) -> str:
     modules = _unique(found.modules, found.notes)
     tensors = _unique(found.tensors, found.notes)
@@ -348,6 +405,7 @@ def _render(found: _Suggestion, a: _Side, b: _Side, tree_a: Any, tree_b: Any, st
         "# Layouts go from B to A: permute [1, 0, 2] means A's axis k is B's axis permute[k].",
         "format: xfalign-map/1",
         f"sides: {{a: {_q(a.side)}, b: {_q(b.side)}}}",
+        *_roles_text(a, b),
         "modules:" if modules else "modules: []",
         *modules,
         "tensors:" if tensors else "tensors: []",

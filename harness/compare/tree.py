@@ -8,8 +8,10 @@ shard are compared rank by rank instead. Each step's B dump is
 put in A's names and layouts by the map (harness.capture.mapping `TensorMap.to_a`; without a map the
 names must agree), then compared as any two dumps (harness.compare.case.compare_dumps; by default every
 tensor is held bitwise). The result adds what a whole model needs: the records of A's execution order,
-each with its tensors' results (forward, then backward, then parameters and gradients), and the first
-divergent tensor with the module it belongs to.
+each with its tensors' results (shown forward, loss, backward, then parameters, gradients and the optimizer
+step), the first divergent tensor with the module it belongs to (first in execution order:
+tree_format.PHASE_ORDER, then record order) and each step's loss (harness.compare.step_loss); the steps
+summed up as a trajectory are harness.compare.trajectory's.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from harness.compare.case import CaseComparison, TensorResult, compare_dumps
 from harness.compare.expectations import Bitwise
 from harness.compare.findings import Finding, Missing
 from harness.compare.pairs import OneSidedPair
+from harness.compare.step_loss import StepLoss, step_loss
 from harness.errors import UsageError
 from harness.sharding import Sharding
 from harness.store.dump import Dump
 from harness.store.ranks import assemble_step
 from harness.store.tree import Tree, TreeError, read_tree
-from harness.store.tree_format import CaptureInfo, ModuleInfo, TensorName, rank_folder
+from harness.store.tree_format import PHASE_ORDER, CaptureInfo, ModuleInfo, TensorName, rank_folder
 
 
 class TensorMap(Protocol):
@@ -54,7 +57,8 @@ class TensorMap(Protocol):
 
 
 TREE_EXPECT = ExpectSpec(all=Bitwise())  # two captures of one model: every tensor bitwise, unless told otherwise
-PHASE_ORDER = {"forward": 0, "backward": 1, "params": 2, "grads": 2}  # the table's order; ties keep A's order
+# the table's order (ties keep A's order): what ran, then the step's parameters, gradients and their update
+TABLE_ORDER = {"forward": 0, "loss": 1, "backward": 2, "params": 3, "grads": 3, "optimizer": 4}
 UNRECORDED = "(unrecorded)"  # the record of tensors that no record of A names (B-only names, say)
 
 
@@ -66,7 +70,7 @@ class RecordView:
     module: str
     type: str | None  # the module's class name, where A's capture lists the module
     call: int | None
-    phase: str  # params, forward, backward, grads; "" for tensors no record names
+    phase: str  # a tree_format Phase; "" for tensors no record names
     tensors: list[TensorResult]
 
     @property
@@ -97,12 +101,14 @@ class Divergence:
 class StepComparison:
     label: str  # the step folder, after its rank folder where there are ranks: "rank-00001/step-00000"
     comparison: CaseComparison  # its case_name is the label
-    records: list[RecordView]  # in the table's order (PHASE_ORDER)
+    records: list[RecordView]  # in the table's order (TABLE_ORDER)
     modules: list[ModuleInfo]  # A's selected modules, in the model's order (the model tree)
     root: str  # A's model class
     divergence: Divergence | None  # the first tensor, in A's execution order, that is not bitwise equal
     sources: dict[str, list[str]] = field(default_factory=dict)  # A name -> the B tensors the map made it of
     left_out: dict[str, str] = field(default_factory=dict)  # A name -> why the map could not make it from B
+    loss_a: StepLoss | None = None  # the loss each side recorded (None: neither `(train):loss.0` nor a 0-d output)
+    loss_b: StepLoss | None = None
 
     @property
     def status(self) -> str:
@@ -144,8 +150,12 @@ class TreeComparison:
 
     @property
     def divergence(self) -> Divergence | None:
-        """The first divergent tensor of the first step that has one."""
-        return next((step.divergence for step in self.steps if step.divergence is not None), None)
+        """The first divergent tensor of the first step that has one (of its first rank, where ranks are compared
+        one by one: step by step, not rank by rank)."""
+        order = {name: index for index, name in enumerate(dict.fromkeys(step_folder_of(s.label) for s in self.steps))}
+        divergent = [step for step in self.steps if step.divergence is not None]
+        first = min(divergent, key=lambda step: order[step_folder_of(step.label)], default=None)  # ties: the first rank
+        return first.divergence if first else None
 
     @property
     def uncompared(self) -> int:
@@ -179,6 +189,11 @@ class TreeComparison:
         if self.tensor_map is None or not module:
             return [module]
         return self.tensor_map.module_pairs([module]).get(module) or [module]
+
+
+def step_folder_of(label: str) -> str:
+    """A compared step's folder, without its rank folder: the step that several ranks' comparisons share."""
+    return label.rpartition("/")[2]
 
 
 def _module_of(name: str) -> str:
@@ -272,20 +287,21 @@ def compare_steps(label: str, dump_a: Dump, dump_b: Dump, expect: ExpectSpec | N
     info = _capture_info(dump_a)
     types = {module.name: module.type for module in info.modules} if info else {}
     results = {result.name: result for result in comparison.tensors}
-    records: list[tuple[int, RecordView]] = []
+    records: list[RecordView] = []  # in A's order
     placed: set[str] = set()
     for record in info.records if info else []:
         tensors = [results[name] for name in record.tensors if name in results and name not in placed]
         placed.update(result.name for result in tensors)
         view = RecordView(record.module, types.get(record.module), record.call, record.phase, tensors)
-        records.append((PHASE_ORDER.get(record.phase, 3), view))
+        records.append(view)
     rest = [result for result in comparison.tensors if result.name not in placed]
     if rest:
-        records.append((4, RecordView(UNRECORDED, None, None, "", rest)))
-    ordered = [view for _, view in sorted(records, key=lambda item: item[0])]
-    divergence = _first_divergence(label, comparison, records, types, set(left_out))
-    return StepComparison(label, comparison, ordered, info.modules if info else [], info.root if info else "",
-                          divergence, dict(getattr(dump_b, "sources", {})), dict(left_out))
+        records.append(RecordView(UNRECORDED, None, None, "", rest))
+    table = sorted(records, key=lambda view: TABLE_ORDER.get(view.phase, len(TABLE_ORDER)))
+    divergence = _first_divergence(label, records, types, set(left_out))
+    return StepComparison(label, comparison, table, info.modules if info else [], info.root if info else "",
+                          divergence, dict(getattr(dump_b, "sources", {})), dict(left_out),
+                          step_loss(dump_a), step_loss(dump_b))
 
 
 def _capture_info(dump: Dump) -> CaptureInfo | None:
@@ -293,12 +309,14 @@ def _capture_info(dump: Dump) -> CaptureInfo | None:
     return None if capture is None else CaptureInfo.model_validate(capture)
 
 
-def _first_divergence(label: str, comparison: CaseComparison, records: list[tuple[int, RecordView]],
-                      types: dict[str, str], uncompared: set[str]) -> Divergence | None:
-    """The first tensor, in A's execution order (its records as recorded: parameters at the step's start
-    come first), that both sides recorded and that is not bitwise equal; else the first that one side
-    lacks. A tensor the map could not make from B's digests (`uncompared`) is not a divergence."""
-    execution = [(view, result) for _, view in records for result in view.tensors if result.name not in uncompared]
+def _first_divergence(label: str, records: list[RecordView], types: dict[str, str],
+                      uncompared: set[str]) -> Divergence | None:
+    """The first tensor, in execution order (tree_format.PHASE_ORDER, then A's record order within a phase:
+    parameters at the step's start, forward, loss, backward, gradients, the optimizer step), that both sides
+    recorded and that is not bitwise equal; else the first that one side lacks. A tensor the map could not make
+    from B's digests (`uncompared`) is not a divergence."""
+    ordered = sorted(records, key=lambda view: PHASE_ORDER.get(view.phase, len(PHASE_ORDER)))  # unrecorded last
+    execution = [(view, result) for view in ordered for result in view.tensors if result.name not in uncompared]
     for wanted in (lambda r: not isinstance(r.pair, OneSidedPair), lambda r: True):
         for view, result in execution:
             if not result.pair.bitwise and wanted(result):

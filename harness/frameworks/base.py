@@ -238,6 +238,11 @@ class FrameworkAdapter(ABC):
         a tensor recorded twice in a step (a module's output is its parent's) is hashed once while it holds."""
         return None
 
+    def optimizer_probe(self, optimizer: Any) -> OptimizerProbe | None:
+        """What capture(..., optimizer=) reads of `optimizer` (an optimizer of this framework), None when this
+        adapter does not know its kind."""
+        return None
+
     def model_device(self, model: Any) -> str:
         """Where the model's parameters are: "cpu" or "cuda"."""
         return "cpu"
@@ -265,3 +270,55 @@ def as_returned(result: Any, names: list[str]) -> Any:
     if names:
         return dict(zip(names, result if isinstance(result, (tuple, list)) else (result,)))
     return result
+
+
+class OptimizerProbe(ABC):
+    """An optimizer, as capture(..., optimizer=) sees it: a hook around its step, and after the step each
+    parameter's consumed gradient and state, and the learning rates it used."""
+
+    #: the optimizer's state names the framework uses, by the names of tree_format.STATE_ROLES
+    kind: str  # the optimizer's class name, for the capture's manifest
+
+    @abstractmethod
+    def hook(self, begins: Callable[[], None], ends: Callable[[float | None], None]) -> list[Callable[[], object]]:
+        """Call begins() when a step of the optimizer starts and ends(reported_norm) when it has returned
+        (reported_norm: the global gradient norm the step returned, None when it returns none); returns the
+        functions that remove the hooks."""
+
+    @abstractmethod
+    def learning_rates(self) -> list[float]:
+        """The learning rate of each parameter group, as the last step used it."""
+
+    @abstractmethod
+    def consumed_grad(self, param: Any) -> Any | None:
+        """The gradient the last step applied to `param` (after the optimizer's own clipping), None: none."""
+
+    @abstractmethod
+    def states(self, param: Any) -> list[tuple[str, Any]]:
+        """(state name, tensor) of `param`'s optimizer state after the last step, in the framework's order;
+        names outside tree_format.STATE_ROLES are left to the caller to report."""
+
+
+def wrap_method(owner: Any, name: str, wrapper: Callable[[Callable], Callable]) -> Callable[[], None]:
+    """Replace `owner.name` on the instance by wrapper(the method as it was); returns the function that puts
+    it back (or, where something wrapped it again since, leaves that in place: the wrapper then passes
+    calls straight through)."""
+    had_own = name in vars(owner)
+    original = getattr(owner, name)
+    active = [True]
+    inner = wrapper(original)
+
+    def wrapped(*args, **kwargs):
+        return inner(*args, **kwargs) if active[0] else original(*args, **kwargs)
+
+    setattr(owner, name, wrapped)
+
+    def restore() -> None:
+        active[0] = False
+        if vars(owner).get(name) is wrapped:
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+
+    return restore

@@ -190,6 +190,11 @@ class PaddleAdapter(FrameworkAdapter):
         # memcpy; a Paddle-ops version for a GPU build is not written yet (it would copy to the host).
         return None
 
+    def optimizer_probe(self, optimizer):
+        from harness.frameworks.paddle_optimizer import paddle_optimizer_probe
+
+        return paddle_optimizer_probe(optimizer)
+
     def model_device(self, model) -> str:
         param = next(iter(model.parameters()), None)
         return "cuda" if param is not None and param.place.is_gpu_place() else "cpu"

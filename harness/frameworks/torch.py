@@ -319,6 +319,11 @@ class TorchAdapter(FrameworkAdapter):
 
         return rows
 
+    def optimizer_probe(self, optimizer):
+        from harness.frameworks.torch_optimizer import torch_optimizer_probe
+
+        return torch_optimizer_probe(optimizer)
+
     def model_device(self, model) -> str:
         param = next(model.parameters(), None)
         return "cuda" if param is not None and param.device.type == "cuda" else "cpu"

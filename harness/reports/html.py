@@ -15,12 +15,14 @@ from harness.compare.case import CaseComparison, SideInfo, TensorResult
 from harness.compare.findings import STRUCTURAL
 from harness.compare.metrics import ULP_BUCKETS
 from harness.compare.pairs import FloatPair
+from harness.compare.trajectory import KINDS, Trajectory, trajectory_of
 from harness.compare.tree import StepComparison, TreeComparison
 from harness.dtypes import to_numpy_dtype
 from harness.errors import safe_name, shortened
 from harness.fingerprint import RETIRED
 from harness.reports.text import (
     HEATMAP_AXES,
+    KIND_LABELS,
     NAN_INF,
     NOT_MEASURED,
     TREE_COLUMNS,
@@ -46,8 +48,10 @@ from harness.reports.text import (
     slot_text,
     status_label,
     step_summary_text,
+    step_title_text,
     summary_text,
     to_exact_text,
+    trajectory_text,
     tree_side_text,
     tree_title,
     tree_verdict_text,
@@ -308,6 +312,19 @@ def _step_view(index: int, step: StepComparison) -> dict:
             "details_left_out": details_left_out_text(differing - len(details)) if differing > len(details) else None}
 
 
+def _strip(trajectory: Trajectory, steps: list[StepComparison]) -> dict | None:
+    """The trajectory as a strip: one cell per step, coloured by its kind, titled with both losses, linking
+    the step's section (of its first divergent rank, where it has ranks); None for a single step."""
+    if len(trajectory.steps) < 2:
+        return None
+    anchors = {id(step): f"s{index}" for index, step in enumerate(steps)}
+    cells = [{"index": summary.index, "kind": summary.kind, "title": step_title_text(summary, trajectory),
+              "anchor": anchors[id(next((s for s in summary.steps if s.divergence), summary.steps[0]))]}
+             for summary in trajectory.steps]
+    return {"text": trajectory_text(trajectory), "cells": cells,
+            "legend": [{"kind": kind, "label": KIND_LABELS[kind]} for kind in KINDS]}
+
+
 def tree_view(tree: TreeComparison) -> dict:
     steps = [_step_view(index, step) for index, step in enumerate(tree.steps)]
     divergence = tree.divergence
@@ -323,7 +340,7 @@ def tree_view(tree: TreeComparison) -> dict:
         "first_divergent": first, "divergence_text": divergence_text(None, tree.uncompared),
         "sides": [tree_side_text("A", tree.a), tree_side_text("B", tree.b)], "map": map_text(tree.map),
         "model": _model(shown) if shown else [], "model_step": shown.label if shown else "",
-        "columns": TREE_COLUMNS, "steps": steps,
+        "columns": TREE_COLUMNS, "steps": steps, "strip": _strip(trajectory_of(tree.steps), tree.steps),
     }
 
 

@@ -10,7 +10,9 @@ per case, "unavailable" (side -> reason) beside "reason".
 Two capture trees (`xfalign compare TREE_A TREE_B`) write the same shape, one case per step (named by its
 step folder), plus a top-level "tree" section: both trees, the map, the verdict, the steps or ranks one
 tree lacks, the first divergent tensor with its module, and per step A's records in the table's order
-(forward, backward, parameters and gradients), each naming its tensors (their details are in "cases").
+(forward, loss, backward, parameters, gradients, the optimizer step), each naming its tensors (their details
+are in "cases"); and "trajectory": the first divergent step and, per step (the ranks of a step together),
+both losses, the tensors that differ, its kind (harness.compare.trajectory) and its first divergent tensor.
 An addition: readers of /2 that do not know "tree" read the cases as before. A tensor whose side kept
 only digests has "pair": "DigestPair" and "stats": null.
 Another addition: per case "reference" (the float64 reference that arbitrates, as a side) and
@@ -28,13 +30,18 @@ from pathlib import Path
 
 from harness.compare.case import CaseComparison, TensorResult
 from harness.compare.pairs import FloatPair
+from harness.compare.step_loss import StepLoss
+from harness.compare.trajectory import Trajectory, trajectory_of
 from harness.compare.tree import Divergence, TreeComparison
 from harness.reports.text import (
     closer_text,
     divergence_text,
     expectation_text,
     finding_text,
+    loss_text,
     record_text,
+    step_title_text,
+    trajectory_text,
     tree_verdict_text,
     unavailable_text,
     verdict_text,
@@ -119,6 +126,32 @@ def _divergence(divergence: Divergence | None) -> dict | None:
             "module_type": divergence.module_type, "phase": divergence.phase, "text": divergence_text(divergence)}
 
 
+def _loss(loss: StepLoss | None) -> dict | None:
+    if loss is None:
+        return None
+    return {"tensor": loss.tensor, "value": loss.value, "digest": loss.digest.to_json(), "text": loss_text(loss)}
+
+
+def trajectory_json(trajectory: Trajectory) -> dict:
+    first = trajectory.first_divergent
+    return {
+        "first_divergent_step": first and first.index,
+        "text": trajectory_text(trajectory),
+        "steps": [{
+            "index": step.index,
+            "step": step.label,
+            "cases": [member.label for member in step.steps],
+            "loss": {"a": _loss(step.loss_a), "b": _loss(step.loss_b)},
+            "differing": step.differing,
+            "compared": step.compared,
+            "kind": step.kind,
+            "inherits_from": step.inherits_from,
+            "first_divergent": _divergence(step.divergence),
+            "text": step_title_text(step, trajectory),
+        } for step in trajectory.steps],
+    }
+
+
 def tree_json(tree: TreeComparison) -> dict:
     return {
         "a": dataclasses.asdict(tree.a),
@@ -130,6 +163,7 @@ def tree_json(tree: TreeComparison) -> dict:
         "findings": [finding.to_json() | {"text": finding_text(finding)} for finding in tree.findings],
         "first_divergent": _divergence(tree.divergence),
         "uncompared": {step.label: step.left_out for step in tree.steps if step.left_out},  # tensor -> why
+        "trajectory": trajectory_json(trajectory_of(tree.steps)),
         "steps": [{
             "step": step.label,
             "status": step.status,

@@ -19,6 +19,7 @@ from pydantic_core import core_schema
 from typing_extensions import TypedDict
 
 from harness.compare.findings import PAYLOADS
+from harness.compare.trajectory import Kind
 from harness.reports.json_report import FORMAT
 from harness.store.tree_format import ModuleInfo
 
@@ -217,6 +218,41 @@ class Step(_Entry):
     records: list[Record]
 
 
+class StepLoss(_Entry):
+    """A step's loss as one side recorded it: `(train):loss.0`, else a 0-d `(root)#0:output.0`."""
+
+    tensor: str
+    value: float | None  # null: not known (a golden's digest; a digest-only infinity, whose sign is not kept)
+    digest: Digest
+    text: str
+
+
+class StepLosses(_Entry):
+    a: StepLoss | None
+    b: StepLoss | None
+
+
+class TrajectoryStep(_Entry):
+    """One step of the trajectory (the ranks of a step together: `cases` names each one's case)."""
+
+    index: int
+    step: str
+    cases: list[str]
+    loss: StepLosses
+    differing: int
+    compared: int
+    kind: Kind
+    inherits_from: int | None  # for "inherits": the index of the step where its divergence began
+    first_divergent: Divergence | None
+    text: str
+
+
+class Trajectory(_Entry):
+    first_divergent_step: int | None  # the index of the first step that differs
+    text: str
+    steps: list[TrajectoryStep]
+
+
 class Tree(_Entry):
     """Two capture trees compared (or a tree against its goldens: side A is the goldens)."""
 
@@ -229,6 +265,7 @@ class Tree(_Entry):
     findings: list[Finding]  # steps or ranks one tree lacks, goldens missing
     first_divergent: Divergence | None
     uncompared: dict[str, dict[str, str]]  # step -> tensor -> why it could not be compared
+    trajectory: Trajectory
     steps: list[Step]
 
 

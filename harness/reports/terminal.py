@@ -9,6 +9,7 @@ from rich.text import Text
 
 from harness.compare.case import CaseComparison, SideInfo
 from harness.compare.findings import STRUCTURAL, NoGolden, NotApplicable
+from harness.compare.trajectory import StepSummary, Trajectory, trajectory_of
 from harness.compare.tree import StepComparison, TreeComparison
 from harness.gate import GateResult, TreeGateResult
 from harness.reports.text import (
@@ -17,11 +18,14 @@ from harness.reports.text import (
     GATE_LABELS,
     INPUTS_CHANGED,
     TABLE_COLUMNS,
+    TRAJECTORY_COLUMNS,
     TREE_COLUMNS,
     abs_text,
+    all_steps_hint_text,
     call_text,
     classes_text,
     closer_text,
+    differing_count_text,
     differing_text,
     divergence_text,
     dtype_text,
@@ -33,6 +37,8 @@ from harness.reports.text import (
     gate_pass_text,
     golden_update_text,
     hash_text,
+    kind_text,
+    loss_text,
     map_text,
     more_lines_text,
     nondeterministic_text,
@@ -45,8 +51,10 @@ from harness.reports.text import (
     side_unavailable_text,
     slot_text,
     status_label,
+    step_divergence_text,
     step_summary_text,
     to_exact_text,
+    trajectory_text,
     tree_gate_pass_text,
     tree_side_text,
     tree_verdict_text,
@@ -185,18 +193,55 @@ def step_table(step: StepComparison) -> Table:
     return table
 
 
-def print_tree_comparison(tree: TreeComparison, console: Console) -> None:
-    """Both trees, the map, a table per step, the failures under it, the verdict and the first divergence."""
+KIND_STYLES = {"equal": "green", "input-differs": "yellow", "diverges": "bold red", "inherits": "red"}
+
+
+def trajectory_table(trajectory: Trajectory) -> Table:
+    """One row per step: both losses, the tensors that differ, its kind, its first divergent tensor."""
+    table = Table()
+    for column in TRAJECTORY_COLUMNS:
+        table.add_column(column, justify="right" if column == "differing" else "left")
+    for step in trajectory.steps:
+        a, b = step.loss_a, step.loss_b
+        loss_differs = a is not None and b is not None and a.digest != b.digest
+        table.add_row(Text(step.label), Text(loss_text(a)), Text(loss_text(b), "red" if loss_differs else ""),
+                      Text(differing_count_text(step)), Text(kind_text(step, trajectory), KIND_STYLES[step.kind]),
+                      Text(step_divergence_text(step)))
+    return table
+
+
+def _print_step(step: StepComparison, console: Console) -> None:
+    console.print(step_table(step))
+    lines = findings_lines([finding for result in step.comparison.failing for finding in result.failures])
+    for line in lines[:MAX_FAILURE_LINES]:
+        _plain(console, f"  * {line}")
+    if len(lines) > MAX_FAILURE_LINES:
+        _plain(console, f"  * {more_lines_text(len(lines) - MAX_FAILURE_LINES)}")
+
+
+def _shown_steps(trajectory: Trajectory, steps: str) -> list[StepSummary]:
+    if steps == "all" or len(trajectory.steps) == 1:
+        return trajectory.steps
+    first = trajectory.first_divergent
+    return [first] if first else []
+
+
+def print_tree_comparison(tree: TreeComparison, console: Console, steps: str = "first") -> None:
+    """Both trees, the map, then (several steps) the per-step summary and the table of the first divergent step
+    only (`steps="all"`: of every step), or (one step) its table; the failures under each table, the verdict
+    and the first divergence."""
     _plain(console, tree_side_text("A", tree.a))
     _plain(console, tree_side_text("B", tree.b))
     _plain(console, map_text(tree.map))
-    for step in tree.steps:
-        console.print(step_table(step))
-        lines = findings_lines([finding for result in step.comparison.failing for finding in result.failures])
-        for line in lines[:MAX_FAILURE_LINES]:
-            _plain(console, f"  * {line}")
-        if len(lines) > MAX_FAILURE_LINES:
-            _plain(console, f"  * {more_lines_text(len(lines) - MAX_FAILURE_LINES)}")
+    trajectory = trajectory_of(tree.steps)
+    if len(trajectory.steps) > 1:
+        _plain(console, trajectory_text(trajectory))
+        console.print(trajectory_table(trajectory))
+    for summary in _shown_steps(trajectory, steps):
+        for step in summary.steps:
+            _print_step(step, console)
+    if len(trajectory.steps) > 1 and steps != "all":
+        _plain(console, f"  {all_steps_hint_text()}")
     status = tree.status
     console.print(f"[{STATUS_STYLES[status]}]{status_label(status)}[/] {escape(tree_verdict_text(tree))}")
     _plain(console, f"  {divergence_text(tree.divergence, tree.uncompared)}")

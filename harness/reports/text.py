@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from harness.compare.case import CaseComparison, SideInfo, TensorResult
     from harness.compare.pairs import Pair
     from harness.compare.replay import ExactOutput, ExactReplay
+    from harness.compare.step_loss import StepLoss
+    from harness.compare.trajectory import StepSummary, Trajectory
     from harness.compare.tree import Divergence, RecordView, StepComparison, TreeComparison, TreeSide
     from harness.golden_policy import GoldenUpdate
 
@@ -434,8 +436,8 @@ def index_title(statuses: list[str]) -> str:
 
 TREE_COLUMNS = ("module", "call", "phase", "tensor", "shape", "dtype", "md5 A", "md5 B", "bitwise", "max ULP",
                 "max abs", "expect", "holds")
-PHASE_LABELS = {"params": "params (start)", "forward": "forward", "backward": "backward", "grads": "grads (end)",
-                "": "-"}
+PHASE_LABELS = {"params": "params (start)", "forward": "forward", "loss": "loss", "backward": "backward",
+                "grads": "grads (end)", "optimizer": "optimizer (step)", "": "-"}
 FIRST_DIVERGENT_MARK = " <- first divergent"  # after the tensor's name in the terminal's table
 def tree_side_text(label: str, side: TreeSide) -> str:
     """A capture tree in one line: `A megatron (megatron): MLP, 3 steps, mode digest, at dumps/megatron`."""
@@ -487,6 +489,63 @@ def step_summary_text(step: StepComparison) -> str:
     bitwise = sum(result.pair.bitwise for result in tensors)
     records = len(step.records)
     return f"{step.label}: {len(tensors)} tensors in {records} records, {bitwise} bitwise equal"
+
+
+TRAJECTORY_COLUMNS = ("step", "loss A", "loss B", "differing", "kind", "first divergent tensor (phase)")
+KIND_LABELS = {"equal": "equal", "input-differs": "input differs", "diverges": "diverges", "inherits": "inherits"}
+
+
+def loss_text(loss: StepLoss | None) -> str:
+    """A step's loss and its hash: `2.3025851 3f1c9a0e` (`fast:` and the fast64 where no MD5 was recorded)."""
+    if loss is None:
+        return NOT_MEASURED
+    return hash_text(loss.digest) if loss.value is None else f"{loss.value:.8g} {hash_text(loss.digest)}"
+
+
+def kind_text(step: StepSummary, trajectory: Trajectory) -> str:
+    """`inherits step-00003` (the step where its divergence began), `diverges`, ..."""
+    if step.inherits_from is not None:
+        return f"inherits {trajectory.steps[step.inherits_from].label}"
+    return KIND_LABELS[step.kind]
+
+
+def step_divergence_text(step: StepSummary) -> str:
+    divergence = step.divergence
+    return NOT_MEASURED if divergence is None else f"{divergence.name} ({phase_text(divergence.phase)})"
+
+
+def differing_count_text(step: StepSummary) -> str:
+    return f"{step.differing}/{step.compared}"
+
+
+def step_title_text(step: StepSummary, trajectory: Trajectory) -> str:
+    """A step in one line (the HTML strip's titles): `step-00003: loss A 2.3025851 3f1c9a0e | B ...; 4/40 differ;
+    diverges`."""
+    return (f"{step.label}: loss A {loss_text(step.loss_a)} | B {loss_text(step.loss_b)}; "
+            f"{differing_count_text(step)} differ; {kind_text(step, trajectory)}")
+
+
+def trajectory_text(trajectory: Trajectory) -> str:
+    """The trajectory in one line: where it first diverges, and which steps only inherit that."""
+    first = trajectory.first_divergent
+    count = len(trajectory.steps)
+    if first is None:
+        return f"none of the {count} steps differs"
+    inheriting = [step.label for step in trajectory.steps if step.inherits_from == first.index]
+    text = f"first divergent step: {first.label} ({KIND_LABELS[first.kind]}) of {count}"
+    if first.divergence is not None:
+        text += f", at {first.divergence.name} ({phase_text(first.divergence.phase)})"
+    if inheriting:
+        text += f"; {_steps_span(inheriting)} only inherit{'s' if len(inheriting) == 1 else ''} it"
+    return text
+
+
+def _steps_span(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else f"{len(labels)} steps ({labels[0]} .. {labels[-1]})"
+
+
+def all_steps_hint_text() -> str:
+    return "tables of every step: xfalign compare A B --steps all"
 
 
 def tree_verdict_text(tree: TreeComparison) -> str:

@@ -347,7 +347,10 @@ class Dump:
             meta = validated_meta(meta, str(directory))
         staging = staging_dir(directory)
         try:
-            save_file({name: np.ascontiguousarray(a) for name, a in self.tensors.items()}, staging / TENSORS_FILE)
+            # np.ascontiguousarray makes a 0-d array 1-d: only arrays that need it are copied, in their shape
+            arrays = {name: a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
+                      for name, a in self.tensors.items()}
+            save_file(arrays, staging / TENSORS_FILE)
             with open(staging / META_FILE, "w") as handle:
                 handle.write(meta_text(meta))
                 handle.flush()

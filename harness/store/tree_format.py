@@ -32,6 +32,9 @@ and the step's scalars, under the pseudo-module `(train)`:
     (train):grad_norm.post_clip      the same of the :grad_clipped. tensors
     (train):grad_norm.reported       the framework's own norm, where it returns one (Megatron's step)
 
+The loss record (phase "loss") comes before the step's first backward record; the optimizer's records (phase
+"optimizer") come last, the `(train)` one (learning rates, norms) before the modules' (execution order).
+
 <module> is the module's dotted path in the model (`decoder.layers.0.mlp.linear_fc1`), `(root)` for the
 model itself; <call> counts that module's calls within the step, from 0.
 """
