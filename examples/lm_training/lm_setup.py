@@ -22,6 +22,8 @@ class Sizes:
     seq: int = 128
     batch: int = 8  # seq * batch = 1024 tokens per step
     steps: int = 10
+    init_std: float = 0.05  # megatron-core's init_method_std (Megatron-LM --init-method-std): the grad norm starts
+    # above the clip (1.0) and falls below it from step 3 on, so both regimes of the clip are exercised
 
     @property
     def tokens(self) -> int:

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lm_setup import RMS_EPS, SCHEDULE, SIZES, Schedule, Sizes
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import OptimizerConfig, _get_param_groups
@@ -45,7 +46,6 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from harness.frameworks.megatron_group import one_process_group
-from lm_setup import RMS_EPS, SCHEDULE, SIZES, Schedule, Sizes
 
 
 @contextmanager
@@ -73,7 +73,7 @@ def gpt_config(sizes: Sizes = SIZES, dtype: torch.dtype = torch.float32) -> Tran
         normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         bias_activation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
         gradient_accumulation_fusion=False, params_dtype=torch.float32, bf16=dtype == torch.bfloat16,
-        layernorm_epsilon=RMS_EPS)
+        layernorm_epsilon=RMS_EPS, init_method_std=sizes.init_std)
 
 
 def build_gpt(sizes: Sizes = SIZES, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
@@ -148,11 +148,14 @@ class Trainer:
                 param.main_param.grad = None if param.grad is None else param.grad.float()  # type: ignore[attr-defined]
         return [p.grad for p in self.main_params if p.grad is not None]
 
-    def step(self) -> float:
+    def step(self, on_norm=None) -> float:
         """Clip, optimizer step, (bf16) copy back, scheduler step, zero grads: MixedPrecisionOptimizer.step /
-        FP32Optimizer.step, then Megatron-LM's train_step. Returns the pre-clip grad norm Megatron reports."""
+        FP32Optimizer.step, then Megatron-LM's train_step. Returns the pre-clip grad norm Megatron reports
+        (also given to `on_norm` before the optimizer steps)."""
         grads = self.prepare_grads()
         grad_norm = grad_norm_fp32(grads)
+        if on_norm is not None:
+            on_norm(grad_norm)
         clip_by_total_norm_fp32(grads, self.schedule.clip, grad_norm)
         self.optimizer.step()
         if self.bf16:  # _copy_main_params_to_model_params
@@ -185,8 +188,9 @@ def clip_by_total_norm_fp32(grads: list[torch.Tensor], max_norm: float, total_no
             grad.copy_(grad * clip_coeff)
 
 
-def train(trainer: Trainer, data: list[dict[str, np.ndarray]], on_loss=None) -> list[dict[str, float]]:
-    """The training loop: forward, backward, step per batch. Returns per step the loss, lr and grad norm."""
+def train(trainer: Trainer, data: list[dict[str, np.ndarray]], on_loss=None, on_norm=None) -> list[dict[str, float]]:
+    """The training loop: forward, backward, step per batch; `on_loss(loss)` after the backward pass,
+    `on_norm(grad_norm)` before the optimizer's step. Returns per step the loss, lr and grad norm."""
     log = []
     for batch in data:
         lr = trainer.optimizer.param_groups[0]["lr"]
@@ -194,7 +198,7 @@ def train(trainer: Trainer, data: list[dict[str, np.ndarray]], on_loss=None) -> 
         loss.backward()
         if on_loss is not None:
             on_loss(loss)
-        grad_norm = trainer.step()
+        grad_norm = trainer.step(on_norm)
         log.append({"loss": loss.item(), "lr": lr, "grad_norm": grad_norm})
         if not math.isfinite(log[-1]["loss"]):
             raise FloatingPointError(f"loss {log[-1]['loss']} at step {len(log) - 1}")

@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 import paddle
-from paddle.nn.clip import ClipGradBase
-
 import torch_exact as T
 from lm_setup import RMS_EPS, SCHEDULE, SIZES, Schedule, Sizes, megatron_lr
+from paddle.nn.clip import ClipGradBase
 
 VARIANTS = ("released", "matched_layers", "matched_all")
 F32 = paddle.float32
@@ -367,6 +366,7 @@ class MegatronClip(ClipGradBase):
         super().__init__()
         self.clip_norm = clip_norm
         self.last_norm: float | None = None
+        self.on_norm = None  # called with the norm (capture's grad_norm: the norm Megatron's step returns)
 
     def _dygraph_clip(self, params_grads):
         ordered = [pg for pg in params_grads if pg[1] is not None and pg[0].ndim > 1] + \
@@ -375,6 +375,8 @@ class MegatronClip(ClipGradBase):
         reduced = T.norm2(paddle.stack(norms))
         squared = T.f32(float(reduced)) * T.f32(float(reduced))
         self.last_norm = float(squared) ** (1.0 / 2.0)
+        if self.on_norm is not None:
+            self.on_norm(self.last_norm)
         coeff = self.clip_norm / (self.last_norm + 1.0e-6)
         if coeff >= 1.0:
             return params_grads
