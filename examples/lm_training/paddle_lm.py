@@ -30,6 +30,9 @@ import torch_exact as T
 from lm_setup import RMS_EPS, SCHEDULE, SIZES, Schedule, Sizes, megatron_lr
 from paddle.nn.clip import ClipGradBase
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mlp_alignment"))
+from paddle_mlp import load_parameters  # noqa: E402,F401  (the MLP demo's: names and shapes checked, bits copied)
+
 VARIANTS = ("released", "matched_layers", "matched_all")
 F32 = paddle.float32
 
@@ -38,7 +41,6 @@ F32 = paddle.float32
 
 def paddleformers_config(sizes: Sizes = SIZES) -> Any:
     """A LLaMA config of the demo's sizes: untied embeddings, no biases, silu, unfused RMSNorm, TP=1."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mlp_alignment"))
     import paddleformers_mlp  # the PaddleFormers install and version check of the MLP demo
 
     paddleformers_mlp.import_llama()
@@ -325,22 +327,6 @@ class LanguageModel(paddle.nn.Layer):
 def build_model(variant: str, sizes: Sizes = SIZES) -> LanguageModel:
     paddle.set_device("cpu")
     return LanguageModel(variant, sizes)
-
-
-def load_parameters(model: paddle.nn.Layer, values: dict[str, np.ndarray]) -> None:
-    """Copy `values` (parameter name -> array with the exact bits, Paddle's layout) into the model."""
-    params = dict(model.named_parameters())
-    missing = sorted(set(params) - set(values))
-    if missing:
-        raise KeyError(f"no value for parameter(s) {', '.join(missing)}")
-    for name, param in params.items():
-        if tuple(values[name].shape) != tuple(param.shape):
-            raise ValueError(f"parameter {name}: shape {list(values[name].shape)} given, {param.shape} expected")
-        param.set_value(paddle.to_tensor(values[name]))
-
-
-def parameters_numpy(model: paddle.nn.Layer) -> dict[str, np.ndarray]:
-    return {name: param.numpy() for name, param in model.named_parameters()}
 
 
 # --- optimizer ----------------------------------------------------------------------------------------------------

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -134,6 +136,10 @@ def bf16_report(sizes: Sizes = SIZES) -> list[str]:
     return lines
 
 
+def _megabytes(folder: Path) -> str:
+    return f"{sum(f.stat().st_size for f in folder.rglob('*') if f.is_file()) / 1e6:.1f} MB"
+
+
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(MAPS), help="Paddle variants, comma-separated")
     parser.add_argument("--full", action="store_true",
                         help="capture the Megatron side in full too (values, ULPs), not as digests")
+    parser.add_argument("--init-std", type=float, default=SIZES.init_std,
+                        help=f"megatron-core's init_method_std (default {SIZES.init_std}: the clip acts in steps 0-2; "
+                        "0.02, megatron-core's default: it never acts)")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 part")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="xfalign-lm-training-"))
@@ -149,19 +158,24 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(MAPS)}")
 
+    sizes = dataclasses.replace(SIZES, init_std=args.init_std)
     tree_a = out / "megatron"
-    start, log = train_megatron(tree_a, mode="full" if args.full else "digest")
-    print("megatron fp32 losses: " + " ".join(f"{step['loss']:.6f}" for step in log))
+    began = time.perf_counter()
+    start, log = train_megatron(tree_a, sizes, mode="full" if args.full else "digest")
+    print(f"megatron fp32: {len(log)} steps captured in {time.perf_counter() - began:.1f} s, tree {_megabytes(tree_a)}; "
+          "losses " + " ".join(f"{step['loss']:.6f}" for step in log))
     code = 0
     for variant in variants:
         tree_b = out / f"paddle-{variant}"
-        train_paddle(tree_b, variant, start)
+        began = time.perf_counter()
+        train_paddle(tree_b, variant, start, sizes)
+        print(f"paddle {variant}: captured in {time.perf_counter() - began:.1f} s, tree {_megabytes(tree_b)}")
         print(f"\n=== megatron vs paddle {variant}: xfalign compare {tree_a} {tree_b} --map {MAPS[variant].name}")
         result, text = compare(tree_a, tree_b, MAPS[variant])
         print(text, end="")
         code = max(code, result if result != 1 else 0)  # 1: the trees differ, what the demo shows
     if not args.no_bf16:
-        print("\n" + "\n".join(bf16_report()))
+        print("\n" + "\n".join(bf16_report(sizes)))
     print(f"\ntrees in {out}")
     return code
 
