@@ -204,10 +204,18 @@ def test_adamw_step_is_torch_adamw(weight_decay):
 
 @pytest.mark.slow
 def test_demo_script_runs(tmp_path, capsys):
-    """The full demo: 1024 tokens, 10 steps, every variant (about 4 minutes on 2 cores, 450 MB of trees)."""
+    """The full demo: 1024 tokens, 10 steps, every variant (about 4 minutes on 2 cores, 450 MB of trees): the
+    README's table."""
     import run_demo
 
-    assert run_demo.main(["--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "PASS megatron vs paddle-matched_all: 10 steps compared, 10 pass" in out
-    assert "first divergent step: step-00000 (diverges) of 10, at embedding.word_embeddings:grad_clipped.weight" in out
+    assert run_demo.main(["--out", str(tmp_path), "--no-bf16"]) == 0
+    assert "PASS megatron vs paddle-matched_all: 10 steps compared, 10 pass" in capsys.readouterr().out
+    _, trajectory = _trajectory(tmp_path, "matched_all")
+    assert [step.kind for step in trajectory.steps] == ["equal"] * 10
+    _, trajectory = _trajectory(tmp_path, "matched_layers")
+    first = trajectory.first_divergent
+    assert (first.index, first.divergence.name) == (0, "embedding.word_embeddings:grad_clipped.weight")
+    assert [step.loss_a.digest == step.loss_b.digest for step in trajectory.steps] == [True, True] + [False] * 8
+    _, trajectory = _trajectory(tmp_path, "released")
+    first = trajectory.first_divergent
+    assert (first.index, first.divergence.name) == (0, "decoder.layers.0.pre_mlp_layernorm#0:output.0")

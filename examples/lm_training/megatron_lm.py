@@ -2,7 +2,7 @@
 what megatron-core's optimizer factory builds on a machine without Transformer Engine or Apex.
 
 Model: `megatron.core.models.gpt.GPTModel` with an attention-free layer spec (attention needs CUDA on CPU
-builds: examples/mlp_alignment/README.md): VocabParallelEmbedding -> LAYERS x [pre_mlp_layernorm (torch RMSNorm,
+builds: examples/mlp_alignment/README.md): VocabParallelEmbedding -> layers x [pre_mlp_layernorm (torch RMSNorm,
 what megatron-core's local spec builds without TE), MLP (ColumnParallelLinear -> SwiGLU -> RowParallelLinear),
 the bias-dropout-add residual] -> final_layernorm -> output_layer (untied) -> vocab_parallel_cross_entropy (the
 per-token loss GPTModel returns when given labels). TP=1 in a one-process gloo group.
@@ -18,7 +18,7 @@ Training step (what Megatron-LM's pretrain_gpt + schedules + MixedPrecision/FP32
   constructors and norms (`torch.zeros(1, device='cuda')`: "Torch not compiled with CUDA enabled" on this CPU
   build), so `grad_norm_fp32` and `clip_by_total_norm_fp32` below restate them line by line on the CPU, with the
   fallback norm megatron.core.utils.local_multi_tensor_l2_norm (no TE/Apex) and local_multi_tensor_scale;
-- bf16: the model wrapped in megatron-core's `Float16Module` (bf16 params, fp32 logits), fp32 main params
+- bf16: the model wrapped in megatron-core's `Float16Module` (bf16 params, its output back in fp32), fp32 main params
   with the bf16 copy-back of Float16OptimizerWithFloat16Params, restated (same reason).
 """
 
@@ -102,10 +102,10 @@ def masked_mean(per_token: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tenso
     return loss / 1
 
 
-def optimizer_config(schedule: Schedule = SCHEDULE, dtype: torch.dtype = torch.float32) -> OptimizerConfig:
+def optimizer_config(schedule: Schedule = SCHEDULE) -> OptimizerConfig:
     return OptimizerConfig(optimizer="adam", lr=schedule.max_lr, min_lr=schedule.min_lr,
                            weight_decay=schedule.weight_decay, adam_beta1=schedule.beta1, adam_beta2=schedule.beta2,
-                           adam_eps=schedule.eps, clip_grad=schedule.clip, bf16=dtype == torch.bfloat16)
+                           adam_eps=schedule.eps, clip_grad=schedule.clip)
 
 
 class Trainer:
