@@ -115,6 +115,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cap=
     if OPTIMIZER is not None:
         if isinstance(OPTIMIZER, torch.optim.Optimizer):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        else:  # megatron-core's optimizer reads main_grad, which its DDP wrapper (not used here) provides
+            for param in model.parameters():
+                param.main_grad = param.grad
         OPTIMIZER.step()  # a captured step ends here
     elif cap is not None:
         cap.step()
