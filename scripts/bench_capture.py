@@ -16,7 +16,8 @@ model it takes seconds per round).
 
 The model: megatron.core.transformer.mlp.MLP (ColumnParallelLinear -> bias SwiGLU -> RowParallelLinear), TP=1
 in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_fc2); --model layer / moe-layer:
-a whole TransformerLayer (CUDA only). A step is forward + backward (+ cap.step() when captured) and, on cuda,
+a whole TransformerLayer (CUDA only); --model gpt: a GPTModel of --layers such layers, --vocab tokens, one sequence
+of --tokens, its loss averaged (CUDA only). A step is forward + backward (+ cap.step() when captured) and, on cuda,
 a device synchronize (as a training loop's loss.item() would); a round is --steps consecutive steps of one
 variant, a captured round inside one `with capture` block whose end (the last step's write) is timed too,
 entering it is not. The result is the time per step.
@@ -72,12 +73,30 @@ def build_layer(hidden: int, ffn: int, heads: int, moe: bool, dtype: torch.dtype
     return build_module(spec, config=config, layer_number=1)
 
 
+def build_gpt(hidden: int, ffn: int, heads: int, layers: int, vocab: int, tokens: int, dtype: torch.dtype) -> torch.nn.Module:
+    """A megatron-core GPTModel of `layers` local-spec layers (RMSNorm, RoPE, causal attention, SwiGLU MLP), untied
+    output layer, vocab-parallel cross entropy (CUDA only, as the layer)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = TransformerConfig(num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+                               gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+                               bf16=dtype == torch.bfloat16, params_dtype=dtype, hidden_dropout=0.0, attention_dropout=0.0,
+                               normalization="RMSNorm")
+    return GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=vocab, max_sequence_length=tokens,
+                    position_embedding_type="rope", share_embeddings_and_output_weights=False)
+
+
 def model_and_batch(args: argparse.Namespace, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """The model --model asks for on --device (inside one_process_group), its input and upstream gradient."""
     if args.device == "cuda":
         from megatron.core import tensor_parallel
 
         tensor_parallel.random.model_parallel_cuda_manual_seed(0)
+    if args.model == "gpt":  # one sequence of --tokens token ids; the labels: the same shifted by one
+        model = build_gpt(args.hidden, args.ffn, args.heads, args.layers, args.vocab, args.tokens, dtype).to(args.device)
+        ids = torch.randint(0, args.vocab, (1, args.tokens + 1), device=args.device)
+        return model, ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
     model = (build(args.hidden, args.ffn, dtype) if args.model == "mlp" else
              build_layer(args.hidden, args.ffn, args.heads, args.model == "moe-layer", dtype)).to(args.device)
     x = torch.randn(args.tokens, 1, args.hidden).to(args.device, dtype).requires_grad_()
@@ -88,6 +107,9 @@ def model_and_batch(args: argparse.Namespace, dtype: torch.dtype) -> tuple[torch
 def forward_backward(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
     for param in model.parameters():
         param.grad = None
+    if type(model).__name__ == "GPTModel":  # x: token ids, grad: the labels; the per-token loss, averaged
+        model(x, torch.arange(x.shape[1], device=x.device)[None], None, labels=grad).mean().backward()
+        return
     result = model(x) if isinstance(model, MLP) else model(x, attention_mask=None)
     output, bias = result  # the MLP's (output, bias); a layer's (output, context), context None
     (output if bias is None else output + bias).backward(grad)
@@ -115,6 +137,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cap=
     if OPTIMIZER is not None:
         if isinstance(OPTIMIZER, torch.optim.Optimizer):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        else:  # megatron-core's optimizer reads main_grad, which its DDP wrapper (not used here) provides
+            for param in model.parameters():
+                param.main_grad = param.grad
         OPTIMIZER.step()  # a captured step ends here
     elif cap is not None:
         cap.step()
@@ -157,8 +182,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=4, help="consecutive training steps per round and variant")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--model", choices=("mlp", "layer", "moe-layer"), default="mlp",
-                        help="the MLP, or a whole TransformerLayer (dense or MoE; CUDA only)")
+    parser.add_argument("--model", choices=("mlp", "layer", "moe-layer", "gpt"), default="mlp",
+                        help="the MLP, a whole TransformerLayer (dense or MoE; CUDA only), or a GPTModel (CUDA only)")
+    parser.add_argument("--layers", type=int, default=8, help="--model gpt: its layers")
+    parser.add_argument("--vocab", type=int, default=32000, help="--model gpt: its vocabulary")
     parser.add_argument("--heads", type=int, default=32, help="attention heads of --model layer / moe-layer")
     parser.add_argument("--hash", choices=("md5", "fast", *HASH_KERNELS), nargs="+", default=["md5"],
                         help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA)")

@@ -3,7 +3,7 @@ captured with `capture(..., optimizer=opt)` from a torch model (fc1: Linear [2*f
 rows, fc2: Linear [out, in]) and a Paddle one (gate, up, down: Linear [in, out]), trained two steps with
 AdamW on the same one-hot inputs. Weights, inputs and upstream gradients are small dyadic numbers, so the
 forward, the loss and the gradients are exact on both sides: the optimizer step is the first to differ (Paddle
-computes 1 - beta in float32, torch in float64 then rounds: research notes, section 6)."""
+computes 1 - beta in float32, torch in float64 then rounds to float32)."""
 
 from __future__ import annotations
 
