@@ -168,3 +168,40 @@ def test_megatron_fp32_optimizer_on_cuda(torch, tmp_path):
         assert float(t["(train):grad_norm.post_clip"]) == pytest.approx(1e-3, rel=1e-4)
         np.testing.assert_array_equal(t["0:updated.weight"], model[0].weight.detach().cpu().numpy())
         assert "step" not in vars(opt)
+
+
+def test_megatron_float16_optimizer_records_main_params_and_their_states_on_cuda(torch, tmp_path):
+    """bf16 parameters, fp32 main parameters: the states are the main parameters', the update is copied back."""
+    if not torch.cuda.is_available():
+        pytest.skip("megatron-core's Float16OptimizerWithFloat16Params needs CUDA")
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+
+    from harness.frameworks.megatron_group import one_process_group
+
+    with one_process_group("cuda"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).cuda().bfloat16()
+        config = OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0, bf16=True)
+        opt = Float16OptimizerWithFloat16Params(torch.optim.AdamW(model.parameters(), lr=1e-2), config,
+                                                grad_scaler=None, init_state_fn=None)
+        weight = model[0].weight
+        with capture(model, tmp_path / "tree", mode="full", optimizer=opt) as cap:
+            for _ in range(2):
+                loss = model(torch.randn(4, 6, device="cuda", dtype=torch.bfloat16)).float().square().mean()
+                loss.backward()
+                for param in model.parameters():  # what megatron-core's DDP buffer provides
+                    param.main_grad = param.grad
+                cap.loss(loss)
+                _, norm, _ = opt.step()
+                applied = weight.main_param.grad.cpu().numpy()  # zero_grad drops it
+                opt.zero_grad()
+        t = Dump.read(read_tree(tmp_path / "tree").step_path(1)).tensors
+        assert t["0:main_param.weight"].dtype == np.float32 and t["0:updated.weight"].dtype.itemsize == 2
+        np.testing.assert_array_equal(t["0:main_param.weight"], weight.main_param.detach().cpu().numpy())
+        state = opt.optimizer.state[weight.main_param]
+        np.testing.assert_array_equal(t["0:exp_avg.weight"], state["exp_avg"].cpu().numpy())
+        np.testing.assert_array_equal(t["0:grad_clipped.weight"], applied)
+        assert np.array_equal(t["0:updated.weight"].view(np.uint16),
+                              weight.detach().cpu().view(torch.int16).numpy().view(np.uint16))
+        assert float(t["(train):grad_norm.reported"]) == pytest.approx(norm, rel=1e-6)

@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.machine import cpu_isa
+
+pytest.importorskip("paddle", reason="the demo's Paddle side needs paddle")
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
+# torch_exact.py reproduces the kernels torch's CPU build runs on an AVX2 CPU (MKL's sgemm blocking and VML,
+# Sleef's AVX2 build, the compiler's FMA contractions): an AVX-512 CPU runs other code paths in those libraries
+avx2_kernels = pytest.mark.skipif(cpu_isa() != "avx2", reason=f"the reproduced kernels are the AVX2 ones; this CPU: {cpu_isa()}")
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "lm_training"
 sys.path.insert(0, str(DEMO))
@@ -55,6 +61,7 @@ def test_megatron_side_trains(trees):
     assert log[0]["grad_norm"] > 1.0  # the clip acts in the first steps (init std 0.05)
 
 
+@avx2_kernels
 def test_matched_all_follows_megatron_bitwise_every_step(trees):
     """Layers, AdamW and clip in torch's and Megatron's bits: every tensor of every step bitwise equal, the
     optimizer's states, the updated weights and the grad norm Megatron reports included; nothing left out."""
@@ -71,6 +78,7 @@ def test_matched_all_follows_megatron_bitwise_every_step(trees):
     assert all(s.compared == trajectory.steps[0].compared > 90 for s in trajectory.steps)
 
 
+@avx2_kernels
 def test_matched_layers_first_diverges_at_the_clip_of_step_0(trees):
     """Forward, backward and gradients bitwise (the same layers); Paddle's ClipGradByGlobalNorm scales by
     clip / max(norm, clip) with its own norm where Megatron takes clip / (norm + 1e-6): the first tensor to
@@ -129,6 +137,7 @@ def _differ(a, b) -> int:
     return int(np.count_nonzero(_bits(a) != _bits(b)))
 
 
+@avx2_kernels
 @pytest.mark.parametrize("m, k, n", [(96, 64, 80), (64, 200, 32), (32, 300, 16), (16, 1000, 24)])
 def test_mm_is_torch_matmul(m, k, n):
     """One FMA chain per K block (one block to 192, two halves to 384, blocks of 192 beyond): MKL's sgemm here."""
@@ -143,6 +152,7 @@ def test_mm_is_torch_matmul(m, k, n):
     assert _differ(paddle.matmul(paddle.to_tensor(a), paddle.to_tensor(b)).numpy(), torch.from_numpy(a) @ torch.from_numpy(b)) > 0
 
 
+@avx2_kernels
 def test_sums_exp_and_vml_are_torchs():
     import paddle
     import torch
@@ -165,6 +175,7 @@ def test_sums_exp_and_vml_are_torchs():
     assert _differ(T.sqrt(paddle.to_tensor(positive)).numpy(), torch.sqrt(torch.from_numpy(positive))) > 0
 
 
+@avx2_kernels
 @pytest.mark.parametrize("size", [8, 9, 11, 12, 15, 64, 8192])
 def test_norm2_is_torch_norm(size):
     """Vectorized lanes, then the scalar tail: its first 4 elements multiply then add, the rest are FMAs."""
@@ -180,6 +191,7 @@ def test_norm2_is_torch_norm(size):
     assert bad == 0
 
 
+@avx2_kernels
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_adamw_step_is_torch_adamw(weight_decay):
     import paddle
@@ -203,6 +215,7 @@ def test_adamw_step_is_torch_adamw(weight_decay):
 
 
 @pytest.mark.slow
+@avx2_kernels
 def test_demo_script_runs(tmp_path, capsys):
     """The full demo: 1024 tokens, 10 steps, every variant (about 4 minutes on 2 cores, 450 MB of trees): the
     README's table."""
