@@ -34,23 +34,23 @@ def _sizes():
 def trees(tmp_path_factory):
     """Megatron's run captured as fast digests, and the matched Paddle variants' runs captured in full, from the
     same starting weights."""
-    import run_demo
+    import run_lm_demo
 
     out = tmp_path_factory.mktemp("lm")
-    start, log = run_demo.train_megatron(out / "megatron", _sizes())
+    start, log = run_lm_demo.train_megatron(out / "megatron", _sizes())
     for variant in ("matched_all", "matched_layers"):
-        run_demo.train_paddle(out / f"paddle-{variant}", variant, start, _sizes())
+        run_lm_demo.train_paddle(out / f"paddle-{variant}", variant, start, _sizes())
     return out, start, log
 
 
 def _trajectory(out: Path, variant: str):
-    import run_demo
+    import run_lm_demo
 
     from harness.capture.mapping import load_map
     from harness.compare.trajectory import trajectory_of
     from harness.compare.tree import compare_trees
 
-    result = compare_trees(out / "megatron", out / f"paddle-{variant}", load_map(run_demo.MAPS[variant]))
+    result = compare_trees(out / "megatron", out / f"paddle-{variant}", load_map(run_lm_demo.MAPS[variant]))
     return result, trajectory_of(result.steps)
 
 
@@ -99,14 +99,14 @@ def test_released_layers_first_diverge_in_the_first_norm(trees):
     """PaddleFormers' own layers: the embedding's output is bitwise (a gather), the first RMSNorm's output is
     not (Paddle's mean and rsqrt are not torch's)."""
     import paddle_lm
-    import run_demo
+    import run_lm_demo
 
     try:
         paddle_lm.paddleformers_config(_sizes())
     except ImportError as error:
         pytest.skip(str(error))
     out, start, _ = trees
-    run_demo.train_paddle(out / "paddle-released", "released", start, _sizes())
+    run_lm_demo.train_paddle(out / "paddle-released", "released", start, _sizes())
     result, trajectory = _trajectory(out, "released")
     first = trajectory.first_divergent
     assert first.index == 0
@@ -118,9 +118,9 @@ def test_released_layers_first_diverge_in_the_first_norm(trees):
 
 def test_bf16_paddle_side_is_not_available():
     """Megatron trains in bf16 on CPU; Paddle 3.3.1 has no CPU bf16 matmul or adamw kernel."""
-    import run_demo
+    import run_lm_demo
 
-    lines = run_demo.bf16_report(_sizes())
+    lines = run_lm_demo.bf16_report(_sizes())
     losses = [float(x) for x in lines[0].split("losses ")[1].split()]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     assert "N/A" in lines[1] and "kernel `matmul` is not registered" in lines[1]
@@ -219,9 +219,9 @@ def test_adamw_step_is_torch_adamw(weight_decay):
 def test_demo_script_runs(tmp_path, capsys):
     """The full demo: 1024 tokens, 10 steps, every variant (about 4 minutes on 2 cores, 450 MB of trees): the
     README's table."""
-    import run_demo
+    import run_lm_demo
 
-    assert run_demo.main(["--out", str(tmp_path), "--no-bf16"]) == 0
+    assert run_lm_demo.main(["--out", str(tmp_path), "--no-bf16"]) == 0
     assert "PASS megatron vs paddle-matched_all: 10 steps compared, 10 pass" in capsys.readouterr().out
     _, trajectory = _trajectory(tmp_path, "matched_all")
     assert [step.kind for step in trajectory.steps] == ["equal"] * 10

@@ -2,7 +2,7 @@
 the same batches from the same weights, each run captured by xfalign with its optimizer step, then each Paddle
 run compared with the Megatron run step by step (`xfalign compare A B --map ...`).
 
-    python3 examples/lm_training/run_demo.py [--out DIR] [--variants released,matched_layers,matched_all] [--full]
+    python3 examples/lm_training/run_lm_demo.py [--out DIR] [--variants released,matched_layers,matched_all] [--full]
 
 Megatron side: megatron_lm.py, float32, captured as digests (hash "fast"; --full: in full). bf16 is trained too,
 not captured: the Paddle side cannot run it on CPU (the demo calls the kernels Paddle lacks and prints what
