@@ -20,16 +20,20 @@ from harness.capture import capture
 STEPS = 20
 
 
-def train(path: Path, change_at: int | None = None, mode: str = "digest", **live) -> None:
+def train(path: Path, change_at: int | None = None, mode: str = "digest", widths: tuple[int, int, int] = (64, 256, 64),
+          rows: int = 32, **live) -> None:
+    """An MLP (widths: in, hidden, out) trained STEPS steps with AdamW on fixed batches of `rows` rows, captured
+    at `path` (hash "fast"; `live`: reference=, map=, on_divergence=); from step `change_at` on, another
+    learning rate. tests/test_capture_live.py trains with it too."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    model = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.ReLU(), torch.nn.Linear(widths[1], widths[2]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = torch.Generator().manual_seed(1)
     with capture(model, path, mode=mode, hash="fast", optimizer=opt, **live) as cap:
         for step in range(STEPS):
             if step == change_at:
                 opt.param_groups[0]["lr"] = 2e-3
-            loss = model(torch.randn(32, 64, generator=batches)).square().mean()
+            loss = model(torch.randn(rows, widths[0], generator=batches)).square().mean()
             loss.backward()
             cap.loss(loss)
             opt.step()

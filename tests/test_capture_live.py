@@ -2,7 +2,10 @@
 step that differs is kept in full; on_divergence="stop" ends the training there; through a map, a tensor
 whose layout differs is checked from its held copy."""
 
+import functools
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,28 +17,29 @@ from harness.store.tree import read_tree
 
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 
-STEPS = 20
+STEPS = 20  # scripts/live_check_disk.py's (checked when it is loaded)
+
+
+@functools.cache
+def _script():
+    """scripts/live_check_disk.py, whose training these tests capture (smaller); loaded by the first test that
+    needs it (it imports torch)."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / "live_check_disk.py"
+    spec = importlib.util.spec_from_file_location("live_check_disk", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.STEPS == STEPS
+    return module
 
 
 def train(torch, path, change_at=None, mode="digest", **live):
-    """An MLP trained STEPS steps with AdamW on fixed batches; from step `change_at` on, another learning rate."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = torch.Generator().manual_seed(1)
-    with capture(model, path, mode=mode, hash="fast", optimizer=opt, **live) as cap:
-        for step in range(STEPS):
-            if step == change_at:
-                opt.param_groups[0]["lr"] = 2e-3
-            loss = model(torch.randn(16, 32, generator=batches)).square().mean()
-            loss.backward()
-            cap.loss(loss)
-            opt.step()
-            opt.zero_grad()
+    """An MLP 32-64-8 trained STEPS steps with AdamW on fixed batches of 16 rows; from step `change_at` on,
+    another learning rate (`torch`: the fixture, which skips where torch is missing)."""
+    _script().train(path, change_at, mode, widths=(32, 64, 8), rows=16, **live)
 
 
 def size(path):
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return _script().size(path)
 
 
 def live_of(path, step):

@@ -238,7 +238,6 @@ class Capture:
         if refetch is not None and mode != "digests-then-full":
             raise CaptureError(f"capture: refetch needs mode 'digests-then-full', not {mode!r}")
         self.provenance = provenance
-        self.optimizer = optimizer
         self.probe = None if optimizer is None else self.adapter.optimizer_probe(optimizer)
         if optimizer is not None and self.probe is None:
             raise CaptureError(f"capture: optimizer= is a {type(optimizer).__module__}.{type(optimizer).__name__}, not an "
@@ -667,8 +666,8 @@ class Capture:
             else:
                 tensors[name], stats[name] = array, work.result()
         for name, over in step.norms.items():  # float64 sqrt of the sum of the gradients' squared L2 norms
-            found = [(unstored.get(g) or {"stats": stats.get(g)})["stats"] for g in over]
-            norms = [entry["norm"] for entry in found if entry and entry.get("norm") is not None]
+            found = [stats[g] if g in stats else unstored[g]["stats"] for g in over]
+            norms = [entry["norm"] for entry in found if entry["norm"] is not None]
             tensors[name] = np.asarray(np.sqrt(np.sum(np.square(norms, dtype=np.float64))), dtype=np.float64)
             stats[name] = tensor_stats(tensors[name])
         stop = self.live is not None and self._check_live(tree, step, index, meta, order, tensors, unstored, stats)

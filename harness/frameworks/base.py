@@ -276,7 +276,6 @@ class OptimizerProbe(ABC):
     """An optimizer, as capture(..., optimizer=) sees it: a hook around its step, and after the step each
     parameter's consumed gradient and state, and the learning rates it used."""
 
-    #: the optimizer's state names the framework uses, by the names of tree_format.STATE_ROLES
     kind: str  # the optimizer's class name, for the capture's manifest
 
     @abstractmethod
@@ -305,16 +304,17 @@ def wrap_method(owner: Any, name: str, wrapper: Callable[[Callable], Callable]) 
     calls straight through)."""
     had_own = name in vars(owner)
     original = getattr(owner, name)
-    active = [True]
     inner = wrapper(original)
+    active = True
 
     def wrapped(*args, **kwargs):
-        return inner(*args, **kwargs) if active[0] else original(*args, **kwargs)
+        return inner(*args, **kwargs) if active else original(*args, **kwargs)
 
     setattr(owner, name, wrapped)
 
     def restore() -> None:
-        active[0] = False
+        nonlocal active
+        active = False
         if vars(owner).get(name) is wrapped:
             if had_own:
                 setattr(owner, name, original)
