@@ -2,6 +2,7 @@
 against them on every read; and the mismatch heatmap comes out of the comparison's one pass."""
 
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
@@ -14,7 +15,7 @@ from harness.compare.case import compare_dumps
 from harness.compare.heatmap import Grid
 from harness.compare.metrics import element_stats_and_map, ulp_distance
 from harness.store.digest import Digest, StreamCheck, digests_of, verify
-from harness.store.dump import META_FILE, TENSORS_FILE, Dump, DumpError, IntegrityError
+from harness.store.dump import META_FILE, TENSORS_FILE, Dump, DumpError, IntegrityError, meta_text
 from harness.store.golden import Golden
 
 from report_fixtures import known_diff_dumps
@@ -416,3 +417,19 @@ def test_verify_and_stream_check_refuse_a_stale_md5():
         assert check.mismatch() == expected and check.matches() == (expected is None)
     # a digest-only record (no bytes) is not verified: there is nothing to verify it against
     assert verify({}, {"t": stale}) == []
+
+
+def test_meta_text_keeps_every_value_json_can_hold():
+    """meta.json is written by orjson, which writes NaN and Inf as null and refuses integers past 64 bits: those
+    lines are written by json, so every value reads back as it was, a None as null."""
+    meta = {"tensors": [{"name": "a", "stats": {"mean": float("nan"), "norm": float("inf"), "min": None}},
+                        {"name": "b", "stats": {"mean": -float("inf"), "norm": 1.5e-300, "min": -0.0}},
+                        {"name": "c", "big": 2**70, "small": -(2**63), "text": "ü\n\"x\""}],
+            "notes": None, "world": 3, "nested": {"records": [{"call": None, "n": 1e-05}]}}
+    text = meta_text(meta)
+    found = json.loads(text)
+    assert math.isnan(found["tensors"][0]["stats"]["mean"]) and found["tensors"][0]["stats"]["norm"] == math.inf
+    found["tensors"][0]["stats"]["mean"] = meta["tensors"][0]["stats"]["mean"] = 0.0
+    assert found == meta
+    assert math.copysign(1.0, found["tensors"][1]["stats"]["min"]) == -1.0
+    assert sum(line.lstrip().startswith('{"') for line in text.splitlines()) == 4  # a line per item of a list of objects

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.store import fast_hash, stats
+from harness.store import cpu_kernels, fast_hash, stats
 from harness.store.fast_hash import BLOCK, PendingDigest, block_sum, fast64, fast_entry, finish, meta_key, mix64, mix64_int, raw_bytes
 from harness.store.stats import tensor_stats
 
@@ -188,13 +188,44 @@ def test_fast_entry_is_fast64_and_stats():
         assert_stats(entry["stats"], reference_stats(contiguous), name)
 
 
+@pytest.mark.parametrize("nbytes", [0, 3, 8, 4 * BLOCK + 2, 4 * BLOCK * 3 + 8])
+def test_compiled_block_sum_is_numpys(nbytes):
+    """The compiled kernel (harness.store.cpu_kernels) and numpy's block sum agree bit for bit: wrapping int64
+    products and sums are the uint64 ones."""
+    assert cpu_kernels.compiled() is not None, "numba is in the lock: the compiled path must be the one tested"
+    rng = np.random.default_rng(nbytes)
+    for raw in (rng.integers(0, 256, nbytes, dtype=np.uint8), np.full(nbytes, 0xFF, np.uint8)):
+        assert block_sum(raw) == fast_hash.block_sum_numpy(raw) == reference_block_sum(raw)
+
+
+@pytest.mark.parametrize("n", [1, 7, BLOCK, 2 * BLOCK + 3])
+def test_compiled_fast_entry_is_the_numpy_one(n, monkeypatch):
+    """fp32 and fp64 take the one-pass kernel: the same fast64 as numpy's path, the same stats but for the sums'
+    last bits (reassociated), NaN and Inf counted by the masks."""
+    rng = np.random.default_rng(n)
+    arrays = [(rng.standard_normal(n) * 50).astype(np.float32), rng.standard_normal(n) * 1e5]
+    for array in list(arrays):
+        for bad in ([np.nan], [np.inf, -np.inf]):
+            if n > 2:
+                spoiled = array.copy()
+                spoiled[rng.choice(n, len(bad), replace=False)] = bad
+                arrays.append(spoiled)
+    compiled = [fast_entry(array) for array in arrays]
+    monkeypatch.setattr(cpu_kernels, "compiled", lambda: None)  # as where numba is not installed
+    for array, entry in zip(arrays, compiled):
+        expected = fast_entry(array)
+        assert entry["fast64"] == expected["fast64"] == fast64(array), array.dtype
+        assert_stats(entry["stats"], expected["stats"], (array.dtype, n))
+        assert_stats(entry["stats"], reference_stats(array), (array.dtype, n))
+
+
 def test_threads_keep_their_own_scratch_buffers():
     """The capture's pool digests tensors on several threads at once: each thread's reused buffers are its own."""
     from concurrent.futures import ThreadPoolExecutor
 
     rng = np.random.default_rng(5)
     arrays = [array for n in (BLOCK * 9 + 3, stats._CHUNK + 7) for _ in range(3) for _, array in samples(rng, n)]
-    expected = [(fast64(array), tensor_stats(array)) for array in arrays]
+    expected = [(fast_entry(array)["fast64"], fast_entry(array)["stats"]) for array in arrays]
     with ThreadPoolExecutor(4) as pool:
         found = list(pool.map(lambda array: (fast_entry(array)["fast64"], fast_entry(array)["stats"]), arrays))
     assert found == expected

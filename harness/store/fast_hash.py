@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from harness.dtypes import dtype_name, unsigned_view
-from harness.store.stats import scratch, tensor_stats
+from harness.store import cpu_kernels
+from harness.store.stats import scratch, stats_of_sums, tensor_stats
 
 BLOCK = 65536  # words per block
 HASHES = ("md5", "fast")
@@ -116,6 +117,17 @@ def finish(s: int, dtype: str, shape: tuple[int, ...], nbytes: int) -> str:
 
 
 def block_sum(raw: np.ndarray) -> int:
+    """S of a 1-D uint8 array of the bytes: compiled (harness.store.cpu_kernels) where numba is, else numpy."""
+    kernels = cpu_kernels.compiled()
+    if kernels is None:
+        return block_sum_numpy(raw)
+    if raw.size % 4:
+        raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])  # whole words: the zeros add nothing
+    factors = block_factors(blocks_of(raw.size)).view(np.int64)
+    return int(kernels.block_sum(raw.view("<i4"), block_weights().view(np.int64), factors, BLOCK)) & _MASK
+
+
+def block_sum_numpy(raw: np.ndarray) -> int:
     """S of a 1-D uint8 array of the bytes (numpy, wrapping uint64 arithmetic)."""
     nbytes = raw.size
     full = nbytes // (4 * BLOCK)
@@ -158,8 +170,15 @@ def fast_entry(array: np.ndarray) -> dict:
     raw = raw_bytes(array)  # a copy only where the array is not C-contiguous: then made once, for both
     shape = tuple(int(n) for n in array.shape)
     dtype = dtype_name(array.dtype)
+    values = raw.view(array.dtype)
+    kernels = cpu_kernels.compiled() if raw.size and values.dtype in cpu_kernels.FLOAT_DTYPES else None
+    if kernels is not None:  # one pass for the hash and the statistics
+        factors = block_factors(blocks_of(raw.size)).view(np.int64)
+        s, sums = cpu_kernels.block_sum_and_sums(kernels, values, block_weights().view(np.int64), factors, BLOCK)
+        return {"dtype": dtype, "shape": list(shape), "fast64": finish(s, dtype, shape, raw.size),
+                "stats": stats_of_sums(values, sums)}
     return {"dtype": dtype, "shape": list(shape), "fast64": finish(block_sum(raw), dtype, shape, raw.size),
-            "stats": tensor_stats(raw.view(array.dtype))}
+            "stats": tensor_stats(values)}
 
 
 @dataclass

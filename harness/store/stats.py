@@ -11,6 +11,7 @@ import numpy as np
 # The statistics run over the tensor a chunk at a time, each chunk widened to float64 into one buffer reused
 # for all (a whole-tensor float64 copy costs page faults and falls out of the cache); the sum and the sum of
 # squares are taken from that widened chunk, min and max from the narrower one (fewer bytes to read).
+# (A capture's fast digest of an fp32 or fp64 tensor takes them from a compiled kernel: harness.store.cpu_kernels.)
 # Squares are summed by BLAS dot products of _ROW values each: OpenBLAS computes a dot that short on the calling
 # thread (it spreads only long ones over its threads, which would fight the training step's for the cores),
 # and ~3x faster than einsum. Every value is >= 0, so any order of that sum is as good.
@@ -72,29 +73,38 @@ def tensor_stats(array: np.ndarray) -> dict:
     # faster than on the 2-byte types themselves. Every other supported type is widened straight to float64
     # (exactly, but for int64 beyond 2**53) and its min and max taken in its own type (exact, and fast).
     narrow = scratch("stats_fp32", min(n, _CHUNK), np.float32) if values.dtype in (_BF16, _FP16) else None
-    wide = scratch("stats_fp64", min(n, _CHUNK), np.float64)
     total = squares = 0.0
     low, high = math.inf, -math.inf
-    with np.errstate(over="ignore", invalid="ignore"):  # NaN and Inf are taken care of below
-        for start in range(0, n, _CHUNK):
-            chunk = values[start:start + _CHUNK]
-            if narrow is not None:
-                if values.dtype == _FP16:
-                    _fp16_to_fp32(chunk, narrow[:chunk.size])
-                else:
-                    np.copyto(narrow[:chunk.size], chunk)
-                chunk = narrow[:chunk.size]
-            part = wide[:chunk.size]
-            np.copyto(part, chunk)
-            total += float(part.sum())  # pairwise within the chunk
-            squares += _sum_of_squares(part)
-            low, high = min(low, float(chunk.min())), max(high, float(chunk.max()))
+    for start in range(0, n, _CHUNK):
+        chunk = values[start:start + _CHUNK]
+        if narrow is not None:
+            if values.dtype == _FP16:
+                _fp16_to_fp32(chunk, narrow[:chunk.size])
+            else:
+                np.copyto(narrow[:chunk.size], chunk)
+            chunk = narrow[:chunk.size]
+        sums = _chunk_sums(chunk)
+        total, squares, low, high = total + sums[0], squares + sums[1], min(low, sums[2]), max(high, sums[3])
+    return stats_of_sums(values, (total, squares, low, high))
+
+
+def stats_of_sums(values: np.ndarray, sums: tuple[float, float, float, float]) -> dict:
+    """tensor_stats of a 1-D array from its float64 (sum, sum of squares, min, max)."""
+    total, squares, low, high = sums
     # NaN or Inf make the sum non-finite (fp16's came out of _fp16_to_fp32 as large finite values, hence the
     # second test): rare, and only then pay for the masks. A float64 sum of the narrower types cannot overflow;
     # where a float64 tensor's does, the masks find nothing and the mean stays Inf, as it was.
     if not math.isfinite(total) or (values.dtype == _FP16 and max(-low, high) > _FP16_MAX):
         return _stats_of_finite(values)
-    return {"min": low, "max": high, "mean": total / n, "norm": math.sqrt(squares), "nan": 0, "inf": 0}
+    return {"min": low, "max": high, "mean": total / values.size, "norm": math.sqrt(squares), "nan": 0, "inf": 0}
+
+
+def _chunk_sums(chunk: np.ndarray) -> tuple[float, float, float, float]:
+    """(sum, sum of squares, min, max) of a chunk, in float64 (a non-finite sum where NaN or Inf are there)."""
+    part = scratch("stats_fp64", chunk.size, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN and Inf: the caller's test of the sum
+        np.copyto(part, chunk)
+        return float(part.sum()), _sum_of_squares(part), float(chunk.min()), float(chunk.max())  # pairwise sum
 
 
 def _stats_of_finite(values: np.ndarray) -> dict:
