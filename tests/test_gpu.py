@@ -89,11 +89,14 @@ def device_cases(torch) -> list[tuple[str, object, np.ndarray]]:
     return cases
 
 
-def _close(found, expected, scale: float = 0.0) -> bool:
-    """Equal to 1e-12 relative, or to 1e-12 of `scale` (float64 sums in another order than numpy's)."""
+def _close(found, expected, dtype: str, scale: float = 0.0) -> bool:
+    """Within fast_hash.stats_tolerance relative, or of `scale` (sums in another order than numpy's)."""
+    from harness.store.fast_hash import stats_tolerance
+
     if found is None or expected is None:
         return found is expected
-    return math.isclose(found, expected, rel_tol=1e-12, abs_tol=max(1e-12, 1e-12 * scale))
+    tolerance = stats_tolerance(dtype)
+    return math.isclose(found, expected, rel_tol=tolerance, abs_tol=max(1e-12, tolerance * scale))
 
 
 # The kernel's settings (harness.frameworks.triton_digest): the defaults; small tiles over a capped grid of
@@ -126,7 +129,7 @@ def test_fused_digest_kernel_equals_numpy_fast64_on_the_device(torch, setting, m
         # a mean's sum may cancel (int64 extremes: 2**63 - 1 and -2**63): its error is relative to the largest value
         largest = max(abs(stats["min"] or 0.0), abs(stats["max"] or 0.0))
         for key in STATS:
-            if not _close(entry["stats"][key], stats[key], largest if key == "mean" else 0.0):
+            if not _close(entry["stats"][key], stats[key], entry["dtype"], largest if key == "mean" else 0.0):
                 wrong.append(f"{label}: {key} {entry['stats'][key]}, numpy {stats[key]}")
     assert not wrong, f"{torch.cuda.get_device_name()}, settings {setting}:\n" + "\n".join(wrong)
 

@@ -7,13 +7,95 @@ import triton.language as tl
 
 
 @triton.jit
+def unit_stats(x, index, n, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad, phase: tl.constexpr,
+               WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, IS_FLOAT: tl.constexpr, FAST: tl.constexpr):
+    # The statistics' accumulators updated with the elements of the units x ([R, LANES]; `index`, the units'
+    # indices, masks phase 1's, whose last may be past the end)
+    for k in tl.static_range(EPU):  # the statistics, element k of each unit
+        if KIND == 2:  # bf16: the 16 bits as the high half of a float32
+            if k == 0:
+                v = (x << 16).to(tl.float32, bitcast=True)
+            else:
+                v = (x & -65536).to(tl.float32, bitcast=True)
+        elif KIND == 1:
+            if WIDTH == 2:
+                if k == 0:
+                    v = x.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                else:
+                    v = (x >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            elif WIDTH == 4:
+                v = x.to(tl.float32, bitcast=True)
+            else:
+                v = x.to(tl.float64, bitcast=True)
+        elif KIND == 3:  # bool: a byte, nonzero is True
+            v = (((x >> (8 * k)) & 255) != 0).to(tl.float32)
+        elif KIND == 4:  # unsigned
+            if WIDTH == 1:
+                v = ((x >> (8 * k)) & 255).to(tl.float32)
+            elif WIDTH == 2:
+                v = ((x >> (16 * k)) & 65535).to(tl.float32)
+            else:
+                v = (x.to(tl.int64) & 4294967295).to(tl.float64)
+        else:  # signed: sign-extended by an arithmetic shift
+            if WIDTH == 1:
+                v = ((x << (24 - 8 * k)) >> 24).to(tl.float32)
+            elif WIDTH == 2:
+                v = ((x << (16 - 16 * k)) >> 16).to(tl.float32)
+            else:
+                v = x.to(tl.float64)
+        if FAST and phase == 0:  # no masks, no NaN/Inf tests
+            acc_min = tl.minimum(acc_min, tl.min(v, axis=0))
+            acc_max = tl.maximum(acc_max, tl.max(v, axis=0))
+            if KIND == 2 or (KIND == 1 and WIDTH == 2):
+                # 2-byte floats: a column's ROWS values summed in float32 first (half the float64
+                # conversions, which bound the kernel below the memory's bandwidth otherwise); squares
+                # past float32's range come out Inf, and the program takes the careful pass
+                acc_sum += tl.sum(v, axis=0).to(tl.float64)
+                acc_sq += tl.sum(v * v, axis=0).to(tl.float64)
+            else:
+                v64 = v.to(tl.float64)
+                acc_sum += tl.sum(v64, axis=0)
+                acc_sq += tl.sum(v64 * v64, axis=0)
+        else:
+            if phase == 1:
+                valid = (index * EPU + k) < n.to(tl.int64)
+            if IS_FLOAT:
+                d = v - v  # 0 for finite values, NaN for Inf and NaN
+                finite = d == 0
+                acc_nan += tl.sum((v != v).to(tl.int32), axis=0)
+                acc_bad += tl.sum((d != 0).to(tl.int32), axis=0)
+                kept = tl.where(finite, v, 0.0)
+                if phase == 1:
+                    finite = finite & valid
+                low_in = tl.where(finite, v, float("inf"))
+                high_in = tl.where(finite, v, float("-inf"))
+            else:
+                kept = v
+                if phase == 1:
+                    low_in = tl.where(valid, v, float("inf"))
+                    high_in = tl.where(valid, v, float("-inf"))
+                else:
+                    low_in = v
+                    high_in = v
+            acc_min = tl.minimum(acc_min, tl.min(low_in, axis=0))
+            acc_max = tl.maximum(acc_max, tl.max(high_in, axis=0))
+            kept64 = kept.to(tl.float64)
+            acc_sum += tl.sum(kept64, axis=0)
+            acc_sq += tl.sum(kept64 * kept64, axis=0)
+    return acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad
+
+
+@triton.jit
 def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid, programs,
               WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
               IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
-              PARTIAL: tl.constexpr, WITH_S: tl.constexpr, FAST: tl.constexpr):
+              PARTIAL: tl.constexpr, WITH_S: tl.constexpr, FAST: tl.constexpr, ROW_WISE: tl.constexpr):
     # One pass over this program's tiles: S (WITH_S) and the statistics' accumulators, one row of LANES.
     # FAST: the unmasked tiles' statistics without the NaN/Inf tests (right when the tiles hold neither,
     # which the caller checks by the float64 sum; else it runs a careful pass, FAST=False, for them).
+    # ROW_WISE (the careful pass, statistics only): the tiles of whole blocks a row at a time, in a loop, so
+    # that this rare pass needs fewer registers than the fast one: the kernel's count, and so the programs
+    # resident per multiprocessor, is the fast pass's.
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, LANES)
     offs = rows[:, None] * UNITS_PER_BLOCK + cols[None, :]  # int32 [ROWS, LANES]: a column of ROWS blocks
@@ -41,7 +123,15 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                 chunk = t - group * chunks
                 block0 = group.to(tl.int64) * ROWS
                 base = block0 * UNITS_PER_BLOCK + (chunk * LANES).to(tl.int64)  # int64: the tile's first unit
-                x = tl.load(units + base + offs)
+                index = base  # unused: no masks here
+                if ROW_WISE:
+                    for r in range(ROWS):
+                        x = tl.load(units + base + r * UNITS_PER_BLOCK + offs_one)
+                        acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = unit_stats(
+                            x, index, n, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad, phase, WIDTH, KIND, EPU,
+                            IS_FLOAT, FAST)
+                else:
+                    x = tl.load(units + base + offs)
                 fac = tl.load(factors + block0 + rows)
             else:  # tile t: one row, units [start + t * LANES, + LANES) after the groups (start: a block's)
                 base = groups.to(tl.int64) * (ROWS * UNITS_PER_BLOCK) + tl.cast(t * LANES, tl.int64)
@@ -64,72 +154,18 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                     w_high = tl.load(weights + 2 * (chunk * LANES + cols) + 1)
                     acc_s += tl.sum(low * fac[:, None], axis=0) * w_low + tl.sum(high * fac[:, None], axis=0) * w_high
                 else:
+                    # V[b] = hi * 2**32 + lo with lo and hi signed 32-bit (hi takes the carry when lo's top bit is
+                    # set), so w * V = w * lo + ((w * hi) mod 2**32) * 2**32 mod 2**64: a widening 32 x 32-bit
+                    # multiply and a 32-bit one per word instead of a 64 x 64-bit one
                     w_c = tl.load(weights + chunk * LANES + cols)
-                    acc_s += tl.sum(x.to(tl.int64) * fac[:, None], axis=0) * w_c
-            for k in tl.static_range(EPU):  # the statistics, element k of each unit
-                if KIND == 2:  # bf16: the 16 bits as the high half of a float32
-                    if k == 0:
-                        v = (x << 16).to(tl.float32, bitcast=True)
-                    else:
-                        v = (x & -65536).to(tl.float32, bitcast=True)
-                elif KIND == 1:
-                    if WIDTH == 2:
-                        if k == 0:
-                            v = x.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                        else:
-                            v = (x >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                    elif WIDTH == 4:
-                        v = x.to(tl.float32, bitcast=True)
-                    else:
-                        v = x.to(tl.float64, bitcast=True)
-                elif KIND == 3:  # bool: a byte, nonzero is True
-                    v = (((x >> (8 * k)) & 255) != 0).to(tl.float32)
-                elif KIND == 4:  # unsigned
-                    if WIDTH == 1:
-                        v = ((x >> (8 * k)) & 255).to(tl.float32)
-                    elif WIDTH == 2:
-                        v = ((x >> (16 * k)) & 65535).to(tl.float32)
-                    else:
-                        v = (x.to(tl.int64) & 4294967295).to(tl.float64)
-                else:  # signed: sign-extended by an arithmetic shift
-                    if WIDTH == 1:
-                        v = ((x << (24 - 8 * k)) >> 24).to(tl.float32)
-                    elif WIDTH == 2:
-                        v = ((x << (16 - 16 * k)) >> 16).to(tl.float32)
-                    else:
-                        v = x.to(tl.float64)
-                if FAST and phase == 0:  # no masks, no NaN/Inf tests
-                    acc_min = tl.minimum(acc_min, tl.min(v, axis=0))
-                    acc_max = tl.maximum(acc_max, tl.max(v, axis=0))
-                    v64 = v.to(tl.float64)
-                    acc_sum += tl.sum(v64, axis=0)
-                    acc_sq += tl.sum(v64 * v64, axis=0)
-                else:
-                    if phase == 1:
-                        valid = (index * EPU + k) < n.to(tl.int64)
-                    if IS_FLOAT:
-                        d = v - v  # 0 for finite values, NaN for Inf and NaN
-                        finite = d == 0
-                        acc_nan += tl.sum((v != v).to(tl.int32), axis=0)
-                        acc_bad += tl.sum((d != 0).to(tl.int32), axis=0)
-                        kept = tl.where(finite, v, 0.0)
-                        if phase == 1:
-                            finite = finite & valid
-                        low_in = tl.where(finite, v, float("inf"))
-                        high_in = tl.where(finite, v, float("-inf"))
-                    else:
-                        kept = v
-                        if phase == 1:
-                            low_in = tl.where(valid, v, float("inf"))
-                            high_in = tl.where(valid, v, float("-inf"))
-                        else:
-                            low_in = v
-                            high_in = v
-                    acc_min = tl.minimum(acc_min, tl.min(low_in, axis=0))
-                    acc_max = tl.maximum(acc_max, tl.max(high_in, axis=0))
-                    kept64 = kept.to(tl.float64)
-                    acc_sum += tl.sum(kept64, axis=0)
-                    acc_sq += tl.sum(kept64 * kept64, axis=0)
+                    lo = fac.to(tl.int32)
+                    hi = ((fac - lo.to(tl.int64)) >> 32).to(tl.int32)
+                    part_lo = tl.sum(x.to(tl.int64) * lo.to(tl.int64)[:, None], axis=0)
+                    part_hi = tl.sum(x * hi[:, None], axis=0)
+                    acc_s += (part_lo + (part_hi.to(tl.int64) << 32)) * w_c
+            if phase == 1 or not ROW_WISE:
+                acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = unit_stats(
+                    x, index, n, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad, phase, WIDTH, KIND, EPU, IS_FLOAT, FAST)
     return acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad
 
 @triton.jit(do_not_specialize=["n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles", "chunks"])
@@ -149,13 +185,13 @@ def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full
     programs = tl.num_programs(0)
     acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
         units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid, programs,
-        WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, True, IS_FLOAT)
+        WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, True, IS_FLOAT, False)
     if IS_FLOAT:
-        seen = tl.sum(acc_sum, axis=0)
-        if seen - seen != 0:  # a NaN or Inf (or a float64 sum past the largest float64): the careful pass
+        seen = tl.sum(acc_sum, axis=0) + tl.sum(acc_sq, axis=0)
+        if seen - seen != 0:  # a NaN or Inf (or a sum past the largest float): the careful pass
             _, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
                 units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid,
-                programs, WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, False, False)
+                programs, WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, False, False, True)
     s = tl.sum(acc_s, axis=0)
     total = tl.sum(acc_sum, axis=0)
     squares = tl.sum(acc_sq, axis=0)

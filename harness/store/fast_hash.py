@@ -152,6 +152,14 @@ def block_sum_numpy(raw: np.ndarray) -> int:
     return total & _MASK
 
 
+def stats_tolerance(dtype: str) -> float:
+    """The relative error of a device digest's mean and norm against numpy's (harness.store.stats), of the
+    largest magnitude for the mean (a sum may cancel): float64 sums in another order, 1e-12; the fused GPU kernel
+    sums a column of 2-byte floats in float32 first (harness.frameworks.triton_kernels: at most 16 terms, so
+    within 16 * 2**-24 of their magnitudes), 1e-6. min, max and the counts are exact."""
+    return 1e-6 if dtype in ("bfloat16", "float16") else 1e-12
+
+
 def raw_bytes(array: np.ndarray) -> np.ndarray:
     """The array's C-order bytes as 1-D uint8 (no copy for a C-contiguous array)."""
     return unsigned_view(array).reshape(-1).view(np.uint8)
