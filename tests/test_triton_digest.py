@@ -235,6 +235,26 @@ def test_fused_digest_equals_numpy_in_triton_interpreter():
             assert _close(result["stats"][key], expected[key], result["dtype"], largest), (label, key, result)
 
 
+@pytest.mark.slow
+def test_kernel_registers_leave_four_programs_resident_on_sm90():
+    """Compiled for sm_90 without a GPU (scripts/kernel_registers.py: the ptxas of the triton in build/tritonsite),
+    every 2- and 4-byte float kernel needs at most 128 registers per thread: four programs of 4 warps fit a
+    multiprocessor at once, enough loads in flight to approach the memory's bandwidth (the last program's reduce,
+    1024 wide, once took 177 and left room for two)."""
+    version, where = triton_used()
+    if version is None or not (Path(where) / "backends" / "nvidia" / "bin" / "ptxas").is_file():
+        pytest.skip(f"no triton with its ptxas to compile the kernel for sm_90 ({where})")
+    path = ([SITE] if SITE else []) + [str(ROOT)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_registers.py"), "--arch", "90"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    counts = json.loads(done.stdout.splitlines()[-1])
+    # 65536 registers per multiprocessor: 4 programs x 4 warps x 32 threads x 128
+    assert max(counts.values()) <= 128, counts
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     _run()

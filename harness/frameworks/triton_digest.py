@@ -217,7 +217,7 @@ def _launch(flat, layout: tuple[int, bool, bool]) -> Launch:
     cap = MAX_PROGRAMS or min(PROGRAMS_PER_SM, resident or FIRST_PROGRAMS_PER_SM) * _multiprocessors(flat.device)
     tiles = grid["full_tiles"] + grid["tail_tiles"]
     programs = 1 if tiles <= SINGLE_PROGRAM_TILES else max(1, min(tiles, cap))
-    args = (n, grid["n_full"], blocks, nbytes, grid["groups"], grid["full_tiles"], grid["tail_tiles"], grid["chunks"])
+    args = (n, grid["n_full"], blocks, nbytes, grid["groups"], grid["full_tiles"], grid["tail_tiles"])
     launch = Launch(programs, args, meta, device_table(flat.device, "W", fast_hash.BLOCK), device_table(flat.device, "V", blocks),
                     resident_key)
     if resident is not None:

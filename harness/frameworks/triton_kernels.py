@@ -86,7 +86,7 @@ def unit_stats(x, index, n, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad,
 
 
 @triton.jit
-def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid, programs,
+def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, pid, programs,
               WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
               IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
               PARTIAL: tl.constexpr, WITH_S: tl.constexpr, FAST: tl.constexpr, ROW_WISE: tl.constexpr):
@@ -118,7 +118,8 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
         else:
             stop = tail_tiles
         for t in range(pid, stop, programs):
-            if phase == 0:  # tile t: chunk t % chunks of the ROWS blocks of group t // chunks
+            if phase == 0:  # tile t: chunk t % chunks of the ROWS blocks of group t // chunks (a power of two)
+                chunks: tl.constexpr = UNITS_PER_BLOCK // LANES
                 group = t // chunks
                 chunk = t - group * chunks
                 block0 = group.to(tl.int64) * ROWS
@@ -132,14 +133,14 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                             IS_FLOAT, FAST)
                 else:
                     x = tl.load(units + base + offs)
-                fac = tl.load(factors + block0 + rows)
+                vrow = block0 + rows  # the tile's blocks: V's rows
             else:  # tile t: one row, units [start + t * LANES, + LANES) after the groups (start: a block's)
                 base = groups.to(tl.int64) * (ROWS * UNITS_PER_BLOCK) + tl.cast(t * LANES, tl.int64)
                 block0 = base // UNITS_PER_BLOCK
                 chunk = ((base - block0 * UNITS_PER_BLOCK) // LANES).to(tl.int32)
                 index = base + offs_one.to(tl.int64)  # [1, LANES] int64
                 x = tl.load(units + index, mask=index < n_full.to(tl.int64), other=0)
-                fac = tl.load(factors + block0 + one)  # [1]: the tile starts before the end, in block block0
+                vrow = block0 + one  # [1]: the tile starts before the end, in block block0
                 if PARTIAL:  # the last word holds 1 to 3 bytes of the tensor: read those bytes alone
                     at = n_full.to(tl.int64) * 4
                     k4 = tl.arange(0, 4)
@@ -148,6 +149,7 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                     x = tl.where(index == n_full.to(tl.int64), word, x)
             if WITH_S:  # the words of column c summed over the blocks b of the tile with V[b], then times W[c]
                 if WIDTH == 8:
+                    fac = tl.load(factors + vrow)
                     low = (x << 32) >> 32
                     high = x >> 32
                     w_low = tl.load(weights + 2 * (chunk * LANES + cols))
@@ -156,10 +158,12 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                 else:
                     # V[b] = hi * 2**32 + lo with lo and hi signed 32-bit (hi takes the carry when lo's top bit is
                     # set), so w * V = w * lo + ((w * hi) mod 2**32) * 2**32 mod 2**64: a widening 32 x 32-bit
-                    # multiply and a 32-bit one per word instead of a 64 x 64-bit one
+                    # multiply and a 32-bit one per word instead of a 64 x 64-bit one. lo and hi are loaded as the
+                    # int32 words of V (little-endian): a sign-extended load is what the widening multiply takes.
                     w_c = tl.load(weights + chunk * LANES + cols)
-                    lo = fac.to(tl.int32)
-                    hi = ((fac - lo.to(tl.int64)) >> 32).to(tl.int32)
+                    halves = factors.to(tl.pointer_type(tl.int32), bitcast=True)
+                    lo = tl.load(halves + 2 * vrow)
+                    hi = tl.load(halves + 2 * vrow + 1) + (lo < 0).to(tl.int32)
                     part_lo = tl.sum(x.to(tl.int64) * lo.to(tl.int64)[:, None], axis=0)
                     part_hi = tl.sum(x * hi[:, None], axis=0)
                     acc_s += (part_lo + (part_hi.to(tl.int64) << 32)) * w_c
@@ -168,8 +172,8 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                     x, index, n, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad, phase, WIDTH, KIND, EPU, IS_FLOAT, FAST)
     return acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad
 
-@triton.jit(do_not_specialize=["n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles", "chunks"])
-def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full_tiles, tail_tiles, chunks,
+@triton.jit(do_not_specialize=["n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles"])
+def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full_tiles, tail_tiles,
            WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
            IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
            PARTIAL: tl.constexpr, REDUCE: tl.constexpr):
@@ -184,13 +188,13 @@ def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
-        units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid, programs,
+        units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, pid, programs,
         WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, True, IS_FLOAT, False)
     if IS_FLOAT:
         seen = tl.sum(acc_sum, axis=0) + tl.sum(acc_sq, axis=0)
         if seen - seen != 0:  # a NaN or Inf (or a sum past the largest float): the careful pass
             _, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
-                units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, chunks, pid,
+                units, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, pid,
                 programs, WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, PARTIAL, False, False, True)
     s = tl.sum(acc_s, axis=0)
     total = tl.sum(acc_sum, axis=0)
