@@ -11,6 +11,9 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 # Hypothesis keeps its example database (and patches of failing examples) in a temporary folder, not the checkout.
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "xfalign-hypothesis")
+# numba caches the CPU digest's compiled kernels (harness.store.cpu_kernels) beside the package by default: the tests'
+# go to a temporary folder (read when numba is first imported; subprocesses inherit it)
+os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(tempfile.gettempdir()) / "xfalign-numba-cache"))
 
 ROOT = Path(__file__).resolve().parent.parent
 
