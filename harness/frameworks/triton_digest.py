@@ -18,7 +18,9 @@ S = sum_c W[c] * (sum_b V[b] * w[b, c]) (the same ring identity mod 2**64 as the
 tile, the ROWS words of a column times their V[b] are added within the thread, then times W[c] (LANES
 table reads per tile, not one per word). The elements come from the word's bits: bf16 as (word << 16) and
 (word & 0xFFFF0000) read as float32, fp16 from the 16-bit halves, bytes and shorts by shifts (arithmetic for
-signed ones); min and max in float32 where that is exact (every dtype of <= 2 bytes, fp32), sums in float64.
+signed ones); min and max in float32 where that is exact (every dtype of <= 2 bytes, fp32), sums in float64 (for
+2-byte floats, a column's ROWS values summed in float32 first: fast_hash.stats_tolerance). Each word's product with
+V[b] is a widening signed 32 x 32-bit multiply and a 32-bit one (V's int32 halves), not a 64 x 64-bit one.
 The accumulators are one row of LANES per program, reduced once at the end. A float tensor's statistics are
 first taken without the NaN/Inf tests and masks (min, max, the sums: a third of the work per element); where
 a program's float64 sum comes out NaN or Inf, it takes its tiles again carefully, statistics only. Tiles of ROWS whole blocks
@@ -59,12 +61,13 @@ from harness.store import fast_hash
 # A tile is ROWS blocks x LANES units (LANES = 16 bytes per thread x 32 x WARPS units: 512 int32 words for 4
 # warps), one column of ROWS blocks, so that each thread loads ROWS x 16 bytes per tile (vectorised: no masks
 # outside the last ROWS blocks) and keeps accumulators of one row only.
-# Programs: as many per multiprocessor as can be resident at once (from the compiled kernel's registers; the
-# bf16 kernel, careful pass included, has 2 programs of 4 warps resident on the H200 with triton 3.6), at most
+# Programs: as many per multiprocessor as can be resident at once (from the compiled kernel's registers: 4 of 4
+# warps for the float kernels on the H200 with triton 3.6), at most
 # PROGRAMS_PER_SM, FIRST_PROGRAMS_PER_SM before a variant has run once (MAX_PROGRAMS instead, when set); tiles
 # in a grid-stride loop: programs that cannot be resident would run after the others, doubling the time. Up
-# to SINGLE_PROGRAM_TILES tiles: one program. Tuned on the H200 (torch 2.11, triton 3.6) on a bf16
-# [4096, 11008] and an fp32 [4096, 4096] tensor, before the fast pass existed.
+# to SINGLE_PROGRAM_TILES tiles: one program. ROWS and WARPS chosen on the H200 (torch 2.11, triton 3.6, 2026-12-02)
+# by a copy of the kernel's loop timed with 4 and 8 of each and 2 to 16 programs per multiprocessor: 8 rows of 4
+# warps at 4 programs (128 registers per thread: scripts/kernel_registers.py) read closest to torch's own sum.
 ROWS = 8
 WARPS = 4
 PROGRAMS_PER_SM = 8
