@@ -4,6 +4,7 @@ PendingDigest.settle against the numpy forms they replaced, block_sum (chunked, 
 against the whole-array sum, and tensor_stats (chunked, fp16 widened by bit tricks, BLAS dots) against
 float64 masks, for every dtype a dump holds."""
 
+import functools
 import hashlib
 import math
 
@@ -217,6 +218,25 @@ def test_compiled_fast_entry_is_the_numpy_one(n, monkeypatch):
         assert entry["fast64"] == expected["fast64"] == fast64(array), array.dtype
         assert_stats(entry["stats"], expected["stats"], (array.dtype, n))
         assert_stats(entry["stats"], reference_stats(array), (array.dtype, n))
+
+
+def test_kernels_compile_where_numba_cannot_cache(monkeypatch):
+    """Where numba finds no folder to cache compiled code in, it refuses cache=True: the kernels are compiled without
+    the cache, and the digests stay numpy's."""
+    import numba
+
+    real = numba.njit
+
+    def refusing(*args, cache=False, **kwargs):
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", refusing)
+    monkeypatch.setattr(cpu_kernels, "compiled", functools.cache(cpu_kernels.compiled.__wrapped__))
+    array = np.random.default_rng(6).standard_normal(BLOCK + 3).astype(np.float32)
+    assert cpu_kernels.compiled() is not None
+    assert fast_entry(array)["fast64"] == fast64(array) and block_sum(raw_bytes(array)) == fast_hash.block_sum_numpy(raw_bytes(array))
 
 
 def test_threads_keep_their_own_scratch_buffers():

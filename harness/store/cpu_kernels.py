@@ -74,8 +74,14 @@ def compiled() -> SimpleNamespace | None:
         import numba
     except ImportError:  # pragma: no cover - the lock installs numba; another image may not have it
         return None
-    jit = functools.partial(numba.njit, nogil=True, boundscheck=False, cache=True)
-    return SimpleNamespace(block_sum=jit()(_block_sum), block_sum_and_sums=jit(fastmath=_REASSOCIATE)(_block_sum_and_sums))
+    for cache in (True, False):
+        jit = functools.partial(numba.njit, nogil=True, boundscheck=False, cache=cache)
+        try:
+            return SimpleNamespace(block_sum=jit()(_block_sum),
+                                   block_sum_and_sums=jit(fastmath=_REASSOCIATE)(_block_sum_and_sums))
+        except RuntimeError:  # no folder numba may cache in (a read-only install, no home folder): compiled each time
+            continue
+    return None
 
 
 def block_sum_and_sums(kernels: SimpleNamespace, values: np.ndarray, weights: np.ndarray, factors: np.ndarray,
