@@ -161,8 +161,22 @@ def _unsupported(adapter: FrameworkAdapter, tensor: Any) -> str | None:
     layout = adapter.unsupported_layout(tensor)
     if layout is not None:
         return layout
-    dtype = str(getattr(tensor, "dtype", type(tensor).__name__)).rpartition(".")[2]  # torch.float32, paddle.float32
-    return None if dtype in NUMPY_DTYPES else dtype
+    dtype = getattr(tensor, "dtype", None)
+    if dtype is None:
+        return type(tensor).__name__
+    try:
+        return _UNSUPPORTED_DTYPES[dtype]
+    except (KeyError, TypeError):  # a dtype not seen yet (each is named once: this runs per tensor per step)
+        name = str(dtype).rpartition(".")[2]  # torch.float32, paddle.float32
+        found = None if name in NUMPY_DTYPES else name
+        try:
+            _UNSUPPORTED_DTYPES[dtype] = found
+        except TypeError:  # not hashable
+            pass
+        return found
+
+
+_UNSUPPORTED_DTYPES: dict[Any, str | None] = {}  # a framework's dtype object -> what _unsupported says of it
 
 
 @contextmanager
