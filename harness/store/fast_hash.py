@@ -183,10 +183,10 @@ def fast_entry(array: np.ndarray) -> dict:
     if kernels is not None:  # one pass for the hash and the statistics
         factors = block_factors(blocks_of(raw.size)).view(np.int64)
         s, sums = cpu_kernels.block_sum_and_sums(kernels, values, block_weights().view(np.int64), factors, BLOCK)
-        return {"dtype": dtype, "shape": list(shape), "fast64": finish(s, dtype, shape, raw.size),
-                "stats": stats_of_sums(values, sums)}
-    return {"dtype": dtype, "shape": list(shape), "fast64": finish(block_sum(raw), dtype, shape, raw.size),
-            "stats": tensor_stats(values)}
+        stats = stats_of_sums(values, sums)
+    else:
+        s, stats = block_sum(raw), tensor_stats(values)
+    return {"dtype": dtype, "shape": list(shape), "fast64": finish(s, dtype, shape, raw.size), "stats": stats}
 
 
 @dataclass

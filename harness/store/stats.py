@@ -73,18 +73,23 @@ def tensor_stats(array: np.ndarray) -> dict:
     # faster than on the 2-byte types themselves. Every other supported type is widened straight to float64
     # (exactly, but for int64 beyond 2**53) and its min and max taken in its own type (exact, and fast).
     narrow = scratch("stats_fp32", min(n, _CHUNK), np.float32) if values.dtype in (_BF16, _FP16) else None
+    wide = scratch("stats_fp64", min(n, _CHUNK), np.float64)
     total = squares = 0.0
     low, high = math.inf, -math.inf
-    for start in range(0, n, _CHUNK):
-        chunk = values[start:start + _CHUNK]
-        if narrow is not None:
-            if values.dtype == _FP16:
-                _fp16_to_fp32(chunk, narrow[:chunk.size])
-            else:
-                np.copyto(narrow[:chunk.size], chunk)
-            chunk = narrow[:chunk.size]
-        sums = _chunk_sums(chunk)
-        total, squares, low, high = total + sums[0], squares + sums[1], min(low, sums[2]), max(high, sums[3])
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN and Inf are taken care of by stats_of_sums
+        for start in range(0, n, _CHUNK):
+            chunk = values[start:start + _CHUNK]
+            if narrow is not None:
+                if values.dtype == _FP16:
+                    _fp16_to_fp32(chunk, narrow[:chunk.size])
+                else:
+                    np.copyto(narrow[:chunk.size], chunk)
+                chunk = narrow[:chunk.size]
+            part = wide[:chunk.size]
+            np.copyto(part, chunk)
+            total += float(part.sum())  # pairwise within the chunk
+            squares += _sum_of_squares(part)
+            low, high = min(low, float(chunk.min())), max(high, float(chunk.max()))
     return stats_of_sums(values, (total, squares, low, high))
 
 
@@ -97,14 +102,6 @@ def stats_of_sums(values: np.ndarray, sums: tuple[float, float, float, float]) -
     if not math.isfinite(total) or (values.dtype == _FP16 and max(-low, high) > _FP16_MAX):
         return _stats_of_finite(values)
     return {"min": low, "max": high, "mean": total / values.size, "norm": math.sqrt(squares), "nan": 0, "inf": 0}
-
-
-def _chunk_sums(chunk: np.ndarray) -> tuple[float, float, float, float]:
-    """(sum, sum of squares, min, max) of a chunk, in float64 (a non-finite sum where NaN or Inf are there)."""
-    part = scratch("stats_fp64", chunk.size, np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):  # NaN and Inf: the caller's test of the sum
-        np.copyto(part, chunk)
-        return float(part.sum()), _sum_of_squares(part), float(chunk.min()), float(chunk.max())  # pairwise sum
 
 
 def _stats_of_finite(values: np.ndarray) -> dict:
