@@ -13,6 +13,7 @@ import numpy as np
 from pydantic import StrictBool
 
 from harness.dtypes import dtype_name
+from harness.frameworks import triton_digest
 from harness.frameworks.base import FrameworkAdapter, Pins, Threads, as_returned, outputs_in_order
 from harness.frameworks.digest_tables import device_table
 from harness.machine import cuda_library, nvidia_smi, version_of
@@ -292,29 +293,50 @@ class TorchAdapter(FrameworkAdapter):
     def fetch_digests(self, handles: list):
         import torch
 
-        # one stack and one transfer per device for every digest of the step; a GPU's into pinned memory,
-        # asynchronously, done when an event recorded after it on the stream the digests ran on has passed
-        moves: list[tuple[list[int], Any, Any]] = []
-        by_device: dict = {}
+        # one copy and one transfer per device for every digest of the step (the grouped ones' launches first:
+        # triton_digest.launch_groups); a GPU's into pinned memory, asynchronously, done when an event recorded
+        # after it on the stream the digests ran on has passed
+        triton_digest.launch_groups(handles)
+        by_device: dict = {}  # device -> (handle indices, (part, row) of each, the parts: 1-D, rows of SLOTS)
+        groups: dict = {}  # id(group) -> the index of its part (its handles, `out`) among its device's parts
         for index, handle in enumerate(handles):
-            by_device.setdefault(handle.device, []).append(index)
-        for device, indices in by_device.items():
-            stacked = torch.stack([handles[i] for i in indices])
+            if type(handle) is triton_digest.GroupSlot:
+                group = handle.group
+                indices, at, parts = by_device.setdefault(group.device, ([], [], []))
+                start = groups.get(id(group))
+                if start is None:
+                    start = groups[id(group)] = len(parts)
+                    parts.append(group.out.view(-1))
+                indices.append(index)
+                at.append((start, handle.index))
+            else:
+                indices, at, parts = by_device.setdefault(handle.device, ([], [], []))
+                indices.append(index)
+                at.append((len(parts), 0))
+                parts.append(handle)
+        moves: list[tuple[list[int], list[int], Any, Any]] = []
+        for device, (indices, at, parts) in by_device.items():
+            offsets, total = [], 0  # each part's first row in the block
+            for part in parts:
+                offsets.append(total)
+                total += part.numel() // len(SLOTS)
+            stacked = (torch.cat(parts) if len(parts) > 1 else parts[0]).view(total, len(SLOTS))
+            rows_at = [offsets[part] + row for part, row in at]
             if device.type != "cuda":
-                moves.append((indices, stacked, None))
+                moves.append((indices, rows_at, stacked, None))
                 continue
             host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
             host.copy_(stacked, non_blocking=True)
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(device))
-            moves.append((indices, host, done))
+            moves.append((indices, rows_at, host, done))
 
         def rows() -> np.ndarray:
             values = np.zeros((len(handles), len(SLOTS)))
-            for indices, host, done in moves:
+            for indices, rows_at, host, done in moves:
                 if done is not None:
                     done.synchronize()
-                values[indices] = host.numpy()
+                values[indices] = host.numpy()[rows_at]
             return values
 
         return rows
@@ -449,19 +471,23 @@ def device_digest(tensor) -> PendingDigest:
     tensor); ValueError for a dtype no dump holds. The handle: fast_hash.SLOTS as float64 (the count of
     finite values as the element count here; PendingDigest.settle takes NaN and Inf off).
     A CUDA tensor takes the fused Triton kernel of harness.frameworks.triton_digest (one read of the tensor:
-    `fused_device_digest`) where triton is importable and the kernel reads the dtype; the torch ops below
-    with XFALIGN_FAST_DIGEST_KERNEL=torch (or without triton)."""
+    `fused_device_digest`) where triton is importable and the kernel reads the dtype, and a small one (at most
+    triton_digest.group_bytes()) its grouped form (`grouped_device_digest`: one launch per dtype for the step's
+    small tensors, at `fetch_digests`); the torch ops below with XFALIGN_FAST_DIGEST_KERNEL=torch (or without
+    triton)."""
     import torch
 
     name = dtype_name_of(tensor)
     if name is None:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
-    if tensor.is_cuda:
-        from harness.frameworks import triton_digest
-
-        if triton_digest.kernel_choice() != "torch" and triton_digest.available(tensor) and triton_digest.supports(tensor):
-            return PendingDigest(name, tuple(int(n) for n in tensor.shape), tensor.numel() * tensor.element_size(),
-                                 triton_digest.fused_device_digest(tensor))  # it detaches the tensor itself
+    if tensor.is_cuda and triton_digest.kernel_choice() != "torch" and triton_digest.available(tensor) \
+            and triton_digest.supports(tensor):
+        nbytes = tensor.numel() * tensor.element_size()
+        # a small tensor copied into its group's arena, digested with the step's others in one launch; a larger
+        # one by a launch of its own (both detach the tensor themselves)
+        values = triton_digest.grouped_device_digest(tensor) if nbytes <= triton_digest.group_bytes() \
+            else triton_digest.fused_device_digest(tensor)
+        return PendingDigest(name, tuple(tensor.shape), nbytes, values)
     detached = tensor.detach()
     values = detached.reshape(-1).to(torch.float64)
     s = block_sum(detached).reshape(1).view(torch.float64)

@@ -91,6 +91,7 @@ def _kernels() -> dict[str, Any]:
         from harness.frameworks import triton_kernels
 
         _KERNELS["digest"] = triton_kernels.digest
+        _KERNELS["grouped"] = triton_kernels.grouped_digest
     return _KERNELS
 
 
@@ -265,3 +266,155 @@ def kernel_choice() -> str:
     """XFALIGN_FAST_DIGEST_KERNEL: "torch" forces the torch-ops path; anything else (or unset: "auto") the
     Triton kernel where triton is importable and the dtype is read by it (else the torch ops)."""
     return os.environ.get("XFALIGN_FAST_DIGEST_KERNEL", "auto").strip().lower() or "auto"
+
+
+# -- Small tensors, grouped (see the note, "Small tensors") ------------------------------------------------------
+
+GROUP_BYTES = 1 << 20  # tensors of at most this many bytes are grouped (XFALIGN_DIGEST_GROUP_BYTES; 0: none)
+ITEM_TILES = 8  # tiles (rows of LANES units: 2 KiB for 4 warps) per program of `grouped_digest`
+ARENA_BYTES = 16 << 20  # a group's first arena; doubled (up to MAX_ARENA_BYTES) when a step needs more
+MAX_ARENA_BYTES = 256 << 20
+SEARCH = 256  # segments `grouped_digest` compares at once to find a program's segment
+_ALIGN = 16  # bytes: each segment starts on a 16-byte boundary of the arena (vector loads, int64 units)
+_OPEN: dict[tuple, Group] = {}  # (device index, stream, dtype) -> the group that takes that key's small tensors
+_ARENA: dict[tuple, int] = {}  # the same key -> the arena's size in bytes that its groups start with
+_GROUP_META: dict[tuple, dict] = {}
+
+
+def group_bytes() -> int:
+    """XFALIGN_DIGEST_GROUP_BYTES: tensors of at most this many bytes are digested grouped (`grouped_device_digest`),
+    larger ones by one launch each (`fused_device_digest`); 0 turns grouping off. Unset: GROUP_BYTES."""
+    text = os.environ.get("XFALIGN_DIGEST_GROUP_BYTES")
+    if not text:
+        return GROUP_BYTES
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"XFALIGN_DIGEST_GROUP_BYTES={text!r}: not a whole number of bytes") from None
+
+
+class GroupSlot:
+    """The handle of a grouped digest: row `index` of its group's handles (the group's `out`, fast_hash.SLOTS
+    as float64 per segment), there once the group is launched (`launch_groups`, at the step's end)."""
+
+    __slots__ = ("group", "index")
+
+    def __init__(self, group: Group, index: int):
+        self.group, self.index = group, index
+
+    @property
+    def device(self):
+        return self.group.device
+
+
+class Group:
+    """A dtype's small tensors on one device and stream, copied one after another into an arena (16-byte aligned
+    segments) as they are digested, so that `grouped_digest` digests them all in one launch. The copy runs in
+    stream order where the fused kernel would have run: later in-place changes of a tensor do not reach it."""
+
+    def __init__(self, key: tuple, tensor, layout: tuple[int, bool, bool], capacity: int):
+        import torch
+
+        self.key, self.device, self.layout = key, tensor.device, layout
+        self.width = tensor.element_size()
+        self.unit = 8 if self.width == 8 else 4
+        self.align = _ALIGN // self.width
+        self.item_units = ITEM_TILES * (16 // self.unit) * 32 * WARPS
+        self.stream = torch.cuda.current_stream(self.device) if tensor.is_cuda else None
+        self.capacity = capacity // self.width  # elements
+        self.arena: Any = torch.empty(self.capacity, dtype=tensor.dtype, device=self.device)
+        self.used = 0  # elements
+        self.rows: list[tuple[int, int, int, int]] = []  # per segment: first item, items, first unit, elements
+        self.items = 0
+        self.largest = 0  # bytes of the largest segment: the factors V it needs
+        self.out: Any = None  # [segments, 8] float64 once launched
+
+    def add(self, tensor, n: int) -> GroupSlot:
+        """Copy the tensor (n elements) into the arena's next segment (room for it checked by the caller)."""
+        start, nbytes = self.used, n * self.width
+        if n:
+            if tensor.is_contiguous():
+                strides = tensor.stride()
+            else:
+                strides, step = [], 1
+                for size in reversed(tensor.shape):
+                    strides.append(step)
+                    step *= size
+                strides.reverse()
+            self.arena.as_strided(tensor.shape, strides, start).copy_(tensor.detach())
+        units = -(-nbytes // self.unit)
+        items = -(-units // self.item_units) or 1
+        self.rows.append((self.items, items, start * self.width // self.unit, n))
+        self.items += items
+        self.used = start + -(-n // self.align) * self.align
+        self.largest = max(self.largest, nbytes)
+        return GroupSlot(self, len(self.rows) - 1)
+
+    def launch(self) -> None:
+        """`grouped_digest` over the segments, in the current stream (after the copies' stream, if another)."""
+        import numpy as np
+        import torch
+
+        if _OPEN.get(self.key) is self:
+            del _OPEN[self.key]
+        segments = len(self.rows)
+        columns = np.array(self.rows, dtype=np.int64).T
+        if self.stream is not None:
+            current = torch.cuda.current_stream(self.device)
+            if current != self.stream:  # the copies ran on the group's stream; the arena is read on this one
+                current.wait_stream(self.stream)
+                self.arena.record_stream(current)
+            host = torch.empty((4, segments), dtype=torch.int64, pin_memory=True)
+            host.numpy()[:] = columns
+            table = host.to(self.device, non_blocking=True)  # the pinned block is kept until the copy is done
+        else:
+            table = torch.from_numpy(np.ascontiguousarray(columns))
+        work = torch.zeros(9 * segments + 7 * self.items, dtype=torch.float64, device=self.device)
+        _kernels()["grouped"][(self.items,)](
+            self.arena, table, device_table(self.device, "W", fast_hash.BLOCK),
+            device_table(self.device, "V", fast_hash.blocks_of(self.largest)), work, segments, self.items,
+            **_grouped_meta(self.arena.dtype, self.width, self.layout))
+        self.out = work[:8 * segments].view(segments, 8)
+        self.arena = None  # the arena goes back to torch's allocator (reused, in stream order)
+
+
+def _grouped_meta(dtype, width: int, layout: tuple[int, bool, bool]) -> dict:
+    settings = (dtype, ROWS, WARPS, REDUCE_ROWS, SEARCH)
+    meta = _GROUP_META.get(settings)
+    if meta is None:
+        kind, value64, is_float = layout
+        grid = plan(0, width)
+        meta = dict(WIDTH=width, KIND=kind, EPU=1 if width == 8 else 4 // width, VALUE64=value64, IS_FLOAT=is_float,
+                    ROWS=grid["rows"], LANES=grid["lanes"], UNITS_PER_BLOCK=grid["per_block"], UNIT=grid["unit"],
+                    REDUCE=REDUCE_ROWS, SEARCH=SEARCH, num_warps=grid["warps"])
+        _GROUP_META[settings] = meta
+    return meta
+
+
+def grouped_device_digest(tensor) -> GroupSlot:
+    """The handle of a small tensor's digest (`fused_device_digest`'s values, computed with the other small
+    tensors of its dtype, device and stream by one launch of `grouped_digest` at the step's end: `launch_groups`).
+    The tensor is copied into its group's arena now, in stream order. ValueError for a dtype it does not read."""
+    import torch
+
+    layout = _layout(tensor)
+    if layout is None:
+        raise ValueError(f"unsupported dtype {tensor.dtype}")
+    index = tensor.get_device()
+    key = (index, torch._C._cuda_getCurrentRawStream(index) if index >= 0 else 0, tensor.dtype)
+    group = _OPEN.get(key)
+    n = tensor.numel()
+    if group is None or group.used + n > group.capacity:
+        if group is not None:  # full: launched now, and the next group's arena twice as large
+            group.launch()
+            _ARENA[key] = min(2 * _ARENA.get(key, ARENA_BYTES), MAX_ARENA_BYTES)
+        group = Group(key, tensor, layout, max(_ARENA.get(key, ARENA_BYTES), n * tensor.element_size()))
+        _OPEN[key] = group
+    return group.add(tensor, n)
+
+
+def launch_groups(handles: list) -> None:
+    """Launch the groups of the grouped handles among `handles` not launched yet (before their values are read)."""
+    for handle in handles:
+        if type(handle) is GroupSlot and handle.group.out is None:
+            handle.group.launch()

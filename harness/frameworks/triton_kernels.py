@@ -242,3 +242,97 @@ def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full
         tl.store(out + 5, tl.sum(r_nan, axis=0).to(tl.float64))
         tl.store(out + 6, tl.sum(r_inf, axis=0).to(tl.float64))
         tl.store(out + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))
+
+
+@triton.jit(do_not_specialize=["segments", "items_total"])
+def grouped_digest(arena, table, weights, factors, work, segments, items_total,
+                   WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
+                   IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
+                   UNIT: tl.constexpr, REDUCE: tl.constexpr, SEARCH: tl.constexpr):
+    # The digests of many small tensors of one dtype, copied one after another into `arena` (segments), in one
+    # launch (see harness.frameworks.triton_digest's note, "Small tensors"). table: int64 [4, segments], per
+    # segment its first item (program), its items, its first unit in the arena (16-byte aligned) and its
+    # elements. Item i of a segment of k items is `digest`'s program i of k on that segment alone (tile_pass with
+    # the segment's own sizes: the position weights restart at each segment), so each segment's S is its tensor's.
+    # work (float64, zeroed): [segments, 8] the handles, [segments] arrival counters (int32 in the low half),
+    # then the partial rows of every item: 4 x items_total float64 and 3 x items_total int64.
+    if UNIT == 8:
+        units = arena.to(tl.pointer_type(tl.int64), bitcast=True)
+    else:
+        units = arena.to(tl.pointer_type(tl.int32), bitcast=True)
+    pid = tl.program_id(0).to(tl.int64)
+    found = tl.zeros([SEARCH], dtype=tl.int32)  # the segments whose first item is at or before this program
+    for at_segment in range(0, segments, SEARCH):
+        j = at_segment + tl.arange(0, SEARCH)
+        first_items = tl.load(table + j, mask=j < segments, other=items_total)
+        found += (first_items <= pid).to(tl.int32)
+    seg = tl.sum(found, axis=0) - 1
+    first = tl.load(table + seg)
+    programs = tl.load(table + segments + seg)
+    at = tl.multiple_of(tl.load(table + 2 * segments + seg), 16 // UNIT)
+    n = tl.load(table + 3 * segments + seg)
+    item = pid - first
+    # the segment's grid, as triton_digest.plan computes a tensor's
+    nbytes = n * WIDTH
+    n_full = nbytes // UNIT
+    n_units = (nbytes + UNIT - 1) // UNIT
+    groups = n_full // UNITS_PER_BLOCK // ROWS
+    full_tiles = groups * (UNITS_PER_BLOCK // LANES)
+    tail_tiles = (n_units - groups * ROWS * UNITS_PER_BLOCK + LANES - 1) // LANES
+    src = units + at
+    raw = src.to(tl.pointer_type(tl.int8), bitcast=True)
+    # PARTIAL for every segment of 1- and 2-byte elements: where the last word is whole, the bytes it reads past
+    # the segment's end are masked and the word it replaces is past the end (a zero either way)
+    acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
+        src, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, item, programs,
+        WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, WIDTH < 4, True, IS_FLOAT, False)
+    if IS_FLOAT:
+        seen = tl.sum(acc_sum, axis=0) + tl.sum(acc_sq, axis=0)
+        if seen - seen != 0:  # a NaN or Inf (or a sum past the largest float): the careful pass
+            _, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
+                src, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, item, programs,
+                WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, WIDTH < 4, False, False, True)
+    part_f = work + 9 * segments  # [4, items_total] float64: sum, squares, min, max
+    part_i = (work + 9 * segments + 4 * items_total).to(tl.pointer_type(tl.int64), bitcast=True)  # [3, items_total]
+    tl.store(part_f + pid, tl.sum(acc_sum, axis=0))
+    tl.store(part_f + items_total + pid, tl.sum(acc_sq, axis=0))
+    tl.store(part_f + 2 * items_total + pid, tl.min(acc_min, axis=0).to(tl.float64))
+    tl.store(part_f + 3 * items_total + pid, tl.max(acc_max, axis=0).to(tl.float64))
+    nan = tl.sum(acc_nan.to(tl.int64), axis=0)
+    tl.store(part_i + pid, tl.sum(acc_s, axis=0))
+    tl.store(part_i + items_total + pid, nan)
+    tl.store(part_i + 2 * items_total + pid, tl.sum(acc_bad.to(tl.int64), axis=0) - nan)
+    tl.debug_barrier()  # every thread's stores before the arrival is counted (the atomic releases them)
+    counters = (work + 8 * segments).to(tl.pointer_type(tl.int32), bitcast=True)
+    arrived = tl.atomic_add(counters + 2 * seg, 1, sem="acq_rel")
+    if arrived == programs - 1:  # the segment's last item to finish: its rows into its handle
+        r = tl.arange(0, REDUCE)
+        r_sum = tl.zeros([REDUCE], dtype=tl.float64)
+        r_sq = tl.zeros([REDUCE], dtype=tl.float64)
+        r_min = tl.full([REDUCE], float("inf"), dtype=tl.float64)
+        r_max = tl.full([REDUCE], float("-inf"), dtype=tl.float64)
+        r_s = tl.zeros([REDUCE], dtype=tl.int64)
+        r_nan = tl.zeros([REDUCE], dtype=tl.int64)
+        r_inf = tl.zeros([REDUCE], dtype=tl.int64)
+        for start in range(0, programs, REDUCE):  # volatile: the other programs' rows, not a cached copy
+            i = start + r
+            used = i < programs
+            row = first + i
+            r_sum += tl.load(part_f + row, mask=used, other=0.0, volatile=True)
+            r_sq += tl.load(part_f + items_total + row, mask=used, other=0.0, volatile=True)
+            r_min = tl.minimum(r_min, tl.load(part_f + 2 * items_total + row, mask=used, other=float("inf"),
+                                              volatile=True))
+            r_max = tl.maximum(r_max, tl.load(part_f + 3 * items_total + row, mask=used, other=float("-inf"),
+                                              volatile=True))
+            r_s += tl.load(part_i + row, mask=used, other=0, volatile=True)
+            r_nan += tl.load(part_i + items_total + row, mask=used, other=0, volatile=True)
+            r_inf += tl.load(part_i + 2 * items_total + row, mask=used, other=0, volatile=True)
+        out = work + 8 * seg
+        tl.store(out + 0, tl.sum(r_sum, axis=0))
+        tl.store(out + 1, tl.sum(r_sq, axis=0))
+        tl.store(out + 2, tl.min(r_min, axis=0))
+        tl.store(out + 3, tl.max(r_max, axis=0))
+        tl.store(out + 4, n.to(tl.float64))
+        tl.store(out + 5, tl.sum(r_nan, axis=0).to(tl.float64))
+        tl.store(out + 6, tl.sum(r_inf, axis=0).to(tl.float64))
+        tl.store(out + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))

@@ -1,0 +1,264 @@
+"""The grouped digest of small tensors (harness.frameworks.triton_digest `grouped_device_digest`: copied into a
+per-dtype arena, digested together by one launch of `grouped_digest` at the step's end) gives, per tensor, the
+numpy fast64 bit for bit and the numpy statistics (within fast_hash.stats_tolerance), for many small tensors of
+mixed dtypes and sizes in one step: odd byte lengths, NaN/Inf, empty and 0-d tensors, views off a 4-byte
+boundary, non-contiguous ones, segments of several programs and of more than one block; under the default
+settings and under small ones (one tile per program, the last program's reduce and the segment search in passes
+of 4, arenas so small that groups fill, launch early and grow). The handles go through TorchAdapter.fetch_digests
+with a fused (ungrouped) one among them, so the rows come back in the handles' order.
+
+Like tests/test_triton_digest.py, the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1) in a
+subprocess (that file's triton_used, SITE, TRITON_NEEDED). On a GPU (`gpu` tests, skipped without one): the
+grouped path of harness.frameworks.torch `device_digest` against numpy and against the ungrouped kernel
+(XFALIGN_DIGEST_GROUP_BYTES=0), an in-place change right after the digest, a digest on a side stream.
+Run as a script (what the subprocess does), this file prints one JSON line per tensor and setting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_triton_digest import SITE, TRITON_NEEDED, _version, triton_used
+
+ROOT = Path(__file__).resolve().parent.parent
+STATS = ("min", "max", "mean", "norm", "nan", "inf")
+# settings of triton_digest for the interpreter's runs: the defaults; then every loop of the kernel in several
+# passes and every group launched early (a 4 KiB arena: most tensors fill it, and one is larger than it)
+SETTINGS = ({}, {"ITEM_TILES": 1, "REDUCE_ROWS": 4, "SEARCH": 4, "ARENA_BYTES": 4096, "ROWS": 2, "WARPS": 1})
+
+
+def arrays() -> dict[str, Any]:
+    """Small tensors of a step, as numpy arrays (the views and the transposed one are made in `cases`)."""
+    import ml_dtypes
+    import numpy as np
+
+    from harness.store.fast_hash import BLOCK
+
+    rng = np.random.default_rng(0)
+    normal = rng.standard_normal
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, 3.0, -7.5, np.nan], np.float32)
+    with np.errstate(over="ignore"):
+        return {
+            "bf16 [7, 13]": normal((7, 13)).astype(ml_dtypes.bfloat16),
+            "fp32 [5000] (3 tiles)": normal(5000).astype(np.float32),
+            "bf16 [1]": np.array([-3.5], ml_dtypes.bfloat16),
+            "fp32 [] (0-d)": np.array(2.5, np.float32),
+            "bf16 NaN/Inf/-0/subnormal": special.astype(ml_dtypes.bfloat16),
+            "fp32 [0, 3] (empty)": np.zeros((0, 3), np.float32),
+            "fp16 [3, 4099] (odd bytes)": normal((3, 4099)).astype(np.float16),
+            "fp32 NaN/Inf/-0/subnormal": special,
+            "bf16 [9000] with NaN/Inf (several programs)": np.where(rng.random(9000) < 0.01, np.inf, normal(9000)).astype(
+                ml_dtypes.bfloat16),
+            "fp32 all NaN": np.full(5, np.nan, np.float32),
+            "fp64 [1001]": normal(1001) * 1e3,
+            "fp64 NaN/Inf": special.astype(np.float64),
+            "int32 [3, 5, 11]": rng.integers(-2**31, 2**31 - 1, size=(3, 5, 11), dtype=np.int32),
+            "int64 extremes": np.array([-2**63, 2**63 - 1, 0, -1, 1, -2**62, 2**62 + 12345, -7], np.int64),
+            "int64 [] (0-d)": np.array(-3, np.int64),
+            "bool [77] (odd bytes)": rng.random(77) > 0.5,
+            "bool [3]": np.array([True, False, True]),
+            "bool [0] (empty)": np.zeros(0, np.bool_),
+            "fp16 [] (0-d)": np.array(1.5, np.float16),
+            "bf16 [2*BLOCK+3] (2 blocks, odd bytes)": normal(2 * BLOCK + 3).astype(ml_dtypes.bfloat16),
+            "fp32 [2*BLOCK+5] (3 blocks: whole-block tiles at 2 rows)": normal(2 * BLOCK + 5).astype(np.float32),
+            "bf16 [5, 3]": normal((5, 3)).astype(ml_dtypes.bfloat16),
+            "fp32 [17]": normal(17).astype(np.float32),
+        }
+
+
+def cases(device: str = "cpu") -> list[tuple[str, Any, Any]]:
+    """(label, torch tensor on `device`, numpy array of the same bytes)."""
+    import ml_dtypes
+    import numpy as np
+
+    from harness.frameworks.torch import TorchAdapter
+
+    adapter = TorchAdapter()
+    found = [(label, adapter.to_tensor(array, device, False), array) for label, array in arrays().items()]
+    rng = np.random.default_rng(1)
+    bf16 = rng.standard_normal(41).astype(ml_dtypes.bfloat16)
+    found.append(("bf16 [40] view at byte offset 2", adapter.to_tensor(bf16, device, False)[1:], bf16[1:]))
+    flags = rng.random(23) > 0.5
+    for offset in (1, 3):
+        found.append((f"bool view at byte offset {offset}", adapter.to_tensor(flags, device, False)[offset:offset + 13],
+                      flags[offset:offset + 13]))
+    matrix = rng.standard_normal((33, 65)).astype(np.float32)
+    found.append(("fp32 [65, 33] transposed (not contiguous)", adapter.to_tensor(matrix, device, False).t(), matrix.T))
+    cube = rng.standard_normal((4, 6, 5)).astype(ml_dtypes.bfloat16)
+    found.append(("bf16 [4, 3, 5] strided slice", adapter.to_tensor(cube, device, False)[:, ::2], cube[:, ::2]))
+    return found
+
+
+def _run() -> None:
+    """In the interpreter's subprocess: the cases as one step (grouped, and one tensor fused), per setting."""
+    import numpy as np
+
+    from harness.dtypes import dtype_name
+    from harness.frameworks import triton_digest
+    from harness.frameworks.torch import TorchAdapter
+    from harness.store.fast_hash import PendingDigest, fast64
+    from harness.store.stats import tensor_stats
+
+    adapter = TorchAdapter()
+    found = cases()
+    defaults = {name: getattr(triton_digest, name) for setting in SETTINGS for name in setting}
+    for setting in SETTINGS:
+        for name, value in {**defaults, **setting}.items():
+            setattr(triton_digest, name, value)
+        triton_digest._OPEN.clear()
+        triton_digest._ARENA.clear()
+        fused = next(i for i, (label, _, _) in enumerate(found) if label.startswith("fp64 [1001]"))
+        pending = []
+        for i, (_, tensor, array) in enumerate(found):
+            handle = triton_digest.fused_device_digest(tensor) if i == fused else triton_digest.grouped_device_digest(tensor)
+            pending.append(PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, handle))
+        groups = {id(p.values.group) for p in pending if isinstance(p.values, triton_digest.GroupSlot)}
+        rows = adapter.fetch_digests([p.values for p in pending])()
+        for (label, _, array), work, row in zip(found, pending, rows, strict=True):
+            work.settle(row)
+            entry = work.result()
+            with np.errstate(over="ignore", invalid="ignore"):
+                expected, stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
+            print(json.dumps({"label": f"{label} {setting}", "dtype": entry["dtype"], "fast64": entry["fast64"],
+                              "expected": expected, "stats": entry["stats"], "expected_stats": stats,
+                              "elements": float(row[4]), "size": int(array.size), "groups": len(groups)}), flush=True)
+
+
+def _close(found, expected, dtype: str, largest: float) -> bool:
+    from harness.store.fast_hash import stats_tolerance
+
+    if found is None or expected is None:
+        return found is expected
+    tolerance = stats_tolerance(dtype)
+    return math.isclose(found, expected, rel_tol=tolerance, abs_tol=max(1e-12, tolerance * largest))
+
+
+def _check(result: dict) -> None:
+    label = result["label"]
+    assert result["fast64"] == result["expected"], label
+    assert result["elements"] == result["size"], label
+    expected = result["expected_stats"]
+    largest = max(abs(expected["min"] or 0.0), abs(expected["max"] or 0.0))
+    for key in STATS:
+        assert _close(result["stats"][key], expected[key], result["dtype"], largest if key == "mean" else 0.0), \
+            (label, key, result)
+
+
+@pytest.mark.slow
+def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
+    version, where = triton_used()
+    if SITE:
+        assert (Path(SITE) / "triton").is_dir(), f"no triton in XFALIGN_TRITON_SITE={SITE}"
+    if version is None:
+        pytest.skip(where if not SITE else f"cannot read the version of the triton in {where}")
+    needed = ".".join(map(str, TRITON_NEEDED))
+    if _version(version) < TRITON_NEEDED:
+        pytest.skip(f"needs Triton >= {needed} for its interpreter; the one it would use is {version} ({where})")
+    path = ([SITE] if SITE else []) + [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
+    done = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(SETTINGS) * len(cases()), done.stdout[-4000:]
+    for result in results:
+        _check(result)
+    dtypes = {result["dtype"] for result in results}
+    # the default arena holds a step's tensors: one group per dtype; the 4 KiB one fills and launches early
+    assert {r["groups"] for r in results[:len(cases())]} == {len(dtypes)}, results[0]
+    assert all(r["groups"] > len(dtypes) for r in results[len(cases()):]), results[-1]
+
+
+def test_group_bytes_names_the_variable_on_bad_input(monkeypatch):
+    from harness.frameworks import triton_digest
+
+    monkeypatch.setenv("XFALIGN_DIGEST_GROUP_BYTES", "1M")
+    with pytest.raises(ValueError, match="XFALIGN_DIGEST_GROUP_BYTES='1M'"):
+        triton_digest.group_bytes()
+    monkeypatch.setenv("XFALIGN_DIGEST_GROUP_BYTES", "0")
+    assert triton_digest.group_bytes() == 0
+    monkeypatch.delenv("XFALIGN_DIGEST_GROUP_BYTES")
+    assert triton_digest.group_bytes() == triton_digest.GROUP_BYTES
+
+
+# -- on the GPU ---------------------------------------------------------------------------------------------------
+
+
+def _device_step(torch, grouped: bool, monkeypatch) -> list[dict]:
+    """The cases on the GPU as one step through harness.frameworks.torch `device_digest` and fetch_digests."""
+    from harness.frameworks import triton_digest
+    from harness.frameworks.torch import TorchAdapter, device_digest
+
+    monkeypatch.setenv("XFALIGN_DIGEST_GROUP_BYTES", str(triton_digest.GROUP_BYTES if grouped else 0))
+    monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    pending = [device_digest(tensor) for _, tensor, _ in cases("cuda")]
+    assert all(isinstance(p.values, triton_digest.GroupSlot) is grouped for p in pending)
+    for work, row in zip(pending, TorchAdapter().fetch_digests([p.values for p in pending])(), strict=True):
+        work.settle(row)
+    return [work.result() for work in pending]
+
+
+def _expected(label: str, array, entry: dict) -> dict:
+    import numpy as np
+
+    from harness.store.fast_hash import fast64
+    from harness.store.stats import tensor_stats
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        stats = tensor_stats(np.ascontiguousarray(array))
+    return {"label": label, "dtype": entry["dtype"], "fast64": entry["fast64"], "expected": fast64(np.asarray(array)),
+            "stats": entry["stats"], "expected_stats": stats, "elements": float(array.size), "size": int(array.size)}
+
+
+@pytest.mark.gpu
+def test_grouped_digest_on_the_device_equals_numpy_and_the_ungrouped_kernel(torch, monkeypatch):
+    from harness.frameworks import triton_digest
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    grouped, single = _device_step(torch, True, monkeypatch), _device_step(torch, False, monkeypatch)
+    for (label, _, array), entry, alone in zip(cases(), grouped, single, strict=True):
+        _check(_expected(label, array, entry))
+        assert entry["fast64"] == alone["fast64"], label
+        for key in ("min", "max", "nan", "inf"):  # exact in both; the sums in another order
+            assert entry["stats"][key] == alone["stats"][key] or entry["stats"][key] != entry["stats"][key], (label, key)
+
+
+@pytest.mark.gpu
+def test_grouped_digest_is_of_the_tensor_as_it_was_when_digested(torch, monkeypatch):
+    """The copy into the arena runs in stream order: an in-place change right after, or a digest on another
+    stream than the step's end, does not change what is digested."""
+    from harness.frameworks import triton_digest
+    from harness.frameworks.torch import TorchAdapter, device_digest
+    from harness.store.fast_hash import fast64
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    monkeypatch.delenv("XFALIGN_DIGEST_GROUP_BYTES", raising=False)
+    monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    tensors = [torch.randn(n, device="cuda") for n in (1000, 3, 70000)]
+    expected = [fast64(t.cpu().numpy()) for t in tensors]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    pending = [device_digest(tensors[0])]
+    tensors[0].mul_(3.0)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)  # the side stream's copies wait: the step's end must wait for them
+        pending += [device_digest(t) for t in tensors[1:]]
+        tensors[2].add_(1.0)
+    assert len({id(p.values.group) for p in pending}) == 2
+    for work, row in zip(pending, TorchAdapter().fetch_digests([p.values for p in pending])(), strict=True):
+        work.settle(row)
+    assert [work.result()["fast64"] for work in pending] == expected
+    assert [fast64(t.cpu().numpy()) != digest for t, digest in zip(tensors, expected, strict=True)] == [True, False, True]
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _run()
