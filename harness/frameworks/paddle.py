@@ -1,5 +1,6 @@
-"""paddlepaddle (`framework: paddle`): CPU (this project's machines have no Paddle GPU build); no
-execution modes (dygraph) and no default implementation (a side names its variant)."""
+"""paddlepaddle (`framework: paddle`): CPU, and a GPU's fast digests written but never run (this project's
+machines have no Paddle GPU build); no execution modes (dygraph) and no default implementation (a side names
+its variant)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from harness.frameworks.base import FrameworkAdapter, Pins, Threads, as_returned, outputs_in_order
 from harness.machine import nvidia_smi
+from harness.store.fast_hash import PendingDigest
 
 # Paddle switches a case may flip (deterministic kernels, oneDNN): saved before each case in a long-lived
 # worker and put back after; a build that does not have one (CPU builds lack the cuDNN ones) skips it.
@@ -184,11 +186,25 @@ class PaddleAdapter(FrameworkAdapter):
     def tensor_version(self, tensor) -> int | None:
         return tensor.inplace_version
 
-    def device_digest(self, tensor) -> None:
-        # The fast digest of a Paddle tensor is the numpy one of its host copy (harness.store.fast_hash,
-        # on the capture's thread pool): this project's Paddle builds are CPU only, where the copy is a
-        # memcpy; a Paddle-ops version for a GPU build is not written yet (it would copy to the host).
+    # A CPU tensor's fast digest is numpy's of its host copy (harness.store.fast_hash, on the capture's thread
+    # pool): measured faster than Paddle ops, which make full-size float64 and int64 temporaries
+    # (scripts/bench_paddle_digest.py). A GPU tensor's is computed where it lives (harness.frameworks.paddle_digest:
+    # DLPack into torch's fused kernel, else Paddle ops), with one transfer per step.
+    digest_on_cpu = False  # True: Paddle ops on the CPU too (what a GPU without torch runs, testable here)
+
+    def device_digest(self, tensor) -> PendingDigest | None:
+        from harness.frameworks import paddle_digest
+
+        if tensor.place.is_gpu_place():
+            return paddle_digest.digest(tensor)
+        if tensor.place.is_cpu_place() and self.digest_on_cpu:
+            return paddle_digest.ops_digest(tensor)
         return None
+
+    def fetch_digests(self, handles: list):
+        from harness.frameworks import paddle_digest
+
+        return paddle_digest.fetch(handles)
 
     def optimizer_probe(self, optimizer):
         from harness.frameworks.paddle_optimizer import paddle_optimizer_probe
