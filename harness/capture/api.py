@@ -51,6 +51,7 @@ from safetensors import SafetensorError
 
 from harness import __version__, fingerprint
 from harness.capture.live import ON_DIVERGENCE, LiveReference
+from harness.capture.step_writer import StepContext, StepPayload, WriterProcess, WriterProcessError, step_dump
 from harness.dtypes import NUMPY_DTYPES
 from harness.errors import OutputError, XfalignError
 from harness.frameworks import FrameworkAdapter, adapter_for, known_frameworks
@@ -66,17 +67,17 @@ from harness.store.tree_format import (
     ROOT,
     STATE_ROLES,
     TRAIN,
-    CaptureInfo,
     CaptureManifest,
     Divergence,
     ModuleInfo,
-    Record,
     call_tensor,
     param_tensor,
     rank_folder,
     step_folder,
     train_tensor,
 )
+
+WRITERS = ("thread", "process")  # where a step's dump is made and written: harness.capture.step_writer
 
 
 class CaptureError(XfalignError):
@@ -187,7 +188,7 @@ def _writing(what: str, after: str = "") -> Iterator[None]:
         yield
     except XfalignError:  # a refusal, or a write error named already
         raise
-    except (OSError, SafetensorError) as error:
+    except (OSError, SafetensorError, WriterProcessError) as error:
         words = error.strerror if isinstance(error, OSError) else None
         found = re.search(r"I/O error: (.+?) \(os error \d+\)", str(error))
         reason = words or (found[1] if found else str(error))
@@ -236,7 +237,7 @@ class Capture:
                  types: Iterable[str | type] | None = None, side: str | None = None,
                  refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
                  threads: int | None = None, hash: str = "md5", optimizer: Any = None, reference: Any = None,
-                 map: Any = None, on_divergence: str = "continue"):
+                 map: Any = None, on_divergence: str = "continue", writer: str | None = None):
         if mode not in MODES:
             raise CaptureError(f"capture: unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         if hash not in HASHES:
@@ -261,6 +262,12 @@ class Capture:
         if map is not None and reference is None:
             raise CaptureError("capture: map= names how this capture's tensors pair with a reference's: give reference= too")
         self.live = None if reference is None else LiveReference(reference, map)
+        if writer is not None and writer not in WRITERS:
+            raise CaptureError(f"capture: unknown writer {writer!r}; expected one of {', '.join(WRITERS)}")
+        if writer == "process" and self.live is not None:
+            raise CaptureError("capture: writer='process' cannot check a reference while it runs (reference=): "
+                               "leave writer= out")
+        self.writer = writer
         self.on_divergence = on_divergence
         self.diverged: Divergence | None = None
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
@@ -270,6 +277,7 @@ class Capture:
         self._removers: list = []
         self._pool: ThreadPoolExecutor | None = None
         self._writer: ThreadPoolExecutor | None = None
+        self._process: WriterProcess | None = None  # writer="process": makes and writes the dumps
         self._writing: Future | None = None  # the write of the last step handed over
         self._steps = 0  # steps handed to the writer
         self._step = _Step()
@@ -320,11 +328,20 @@ class Capture:
             "optimizer": None if self.probe is None else self.probe.kind,
             "reference": None if self.live is None else self.live.path})
 
-    def _environment(self) -> dict:
+    def _environment(self, device: str) -> dict:
         from harness.numerics import NumericsProfile
 
         profile = NumericsProfile(name="unpinned", description="the training script's own process")
-        return fingerprint.assemble(self.adapter, self.adapter.model_device(self.model), profile)
+        return fingerprint.assemble(self.adapter, device, profile)
+
+    def _writes_in_process(self, device: str) -> bool:
+        """writer="process", or by default a digest capture of a model on a GPU (no reference checked): there the
+        host's time is the step's, and a writer thread's Python takes the training's GIL (issue: a thread spent
+        ~12 ms per step of a GPU TransformerLayer, mostly waiting for it). A full capture's arrays would cross
+        the pipe: written by the thread."""
+        if self.writer is not None:
+            return self.writer == "process"
+        return device == "cuda" and self.mode != "full" and self.live is None
 
     def __enter__(self) -> Capture:
         if self._tree is not None:
@@ -343,11 +360,18 @@ class Capture:
                     self._tree.open()
                 except TreeBusyError as busy:
                     raise CaptureError(str(busy)) from None
-            self.environment = self._environment()
+            device = self.adapter.model_device(self.model)
             self.provenance = self.provenance or self._provenance()
+            self.context = StepContext(
+                side=self.side, framework=self.adapter.name, root=self.root, mode=self.mode, rank=self.rank,
+                world_size=self.world_size, modules=[info.model_dump(mode="json") for info in self.infos],
+                provenance=self.provenance, environment=self._environment(device))
             self._tensor = self.adapter.tensor_type()
             self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="xfalign-capture")
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-capture-writer")
+            if self._writes_in_process(device):
+                self._process = WriterProcess()
+                self._process.open(self._tree, self.context)
             for path, module in self.modules.items():
                 self._removers += self.adapter.hook_module(
                     module, lambda m, args, kwargs, path=path: self._before(path, args, kwargs),
@@ -386,10 +410,17 @@ class Capture:
         if self._tree is not None:
             try:
                 with _writing(f"{self.folder} to disk (fsync)"):
-                    self._tree.close()
+                    if self._process is not None:  # the process finishes the steps it wrote
+                        try:
+                            self._process.close()
+                        finally:
+                            self._tree.release()
+                    else:
+                        self._tree.close()
             except CaptureWriteError as error:
                 failed = failed or error
             self._tree = None
+        self._process = None
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
@@ -663,10 +694,25 @@ class Capture:
             self._write_step(self._tree, step, index, pending, rows)
 
     def _write_step(self, tree: TreeWriter, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
-        meta = self._meta(step, index)
         if rows is not None:
             for started, row in zip(pending, rows(), strict=True):
                 started.settle(row)
+        payload = self._payload(step, index)
+        if self._process is not None:
+            self._process.write(payload)
+            return
+        dump = step_dump(self.context, payload)
+        stop = self.live is not None and self._check_live(tree, step, index, dump)
+        # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
+        tree.write_step(index, dump, validate=False)
+        if stop:
+            assert self.diverged is not None and self.live is not None
+            raise CaptureDiverged(f"capture {self.folder}: step {index} differs from the reference {self.live.path} "
+                                  f"first at {self.diverged.tensor} (written in full: {tree.folder / step_folder(index)}); "
+                                  "stopped (on_divergence='stop')")
+
+    def _payload(self, step: _Step, index: int) -> StepPayload:
+        """The step, its digests settled (the writer thread's part of a step)."""
         tensors: dict[str, np.ndarray] = {}
         unstored: dict[str, dict] = {}
         stats: dict[str, dict] = {}
@@ -679,58 +725,38 @@ class Capture:
                 unstored[name] = work.result()
             else:
                 tensors[name], stats[name] = array, work.result()
-        for name, over in step.norms.items():  # float64 sqrt of the sum of the gradients' squared L2 norms
-            found = [stats[g] if g in stats else unstored[g]["stats"] for g in over]
-            norms = [entry["norm"] for entry in found if entry["norm"] is not None]
-            tensors[name] = np.asarray(np.sqrt(np.sum(np.square(norms, dtype=np.float64))), dtype=np.float64)
-            stats[name] = tensor_stats(tensors[name])
-        stop = self.live is not None and self._check_live(tree, step, index, meta, order, tensors, unstored, stats)
-        # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
-        tree.write_step(index, Dump(meta, tensors, unstored=unstored, stats=stats, order=order), validate=False)
-        if stop:
-            assert self.diverged is not None and self.live is not None
-            raise CaptureDiverged(f"capture {self.folder}: step {index} differs from the reference {self.live.path} "
-                                  f"first at {self.diverged.tensor} (written in full: {tree.folder / step_folder(index)}); "
-                                  "stopped (on_divergence='stop')")
-
-    def _check_live(self, tree: TreeWriter, step: _Step, index: int, meta: dict, order: list[str],
-                    tensors: dict[str, np.ndarray], unstored: dict[str, dict], stats: dict[str, dict]) -> bool:
-        """Check the step against the reference's; the first step that differs is kept in full (its held
-        arrays join the stored tensors) and recorded in the manifest. Whether to stop the training."""
-        assert self.live is not None
-        entries = dict(unstored)
-        if tensors:
-            entries.update({name: digest.to_json() for name, digest in digests_of(tensors).items()})
-        check = self.live.check(index, order, entries, {**step.held, **tensors})
-        if check is None:
-            meta.setdefault("notes", {})["live"] = f"not checked: the reference {self.live.path} has no step {index}"
-            return False
-        first = check.differing and self.diverged is None
-        if first:
-            for name in [name for name in order if name in unstored and name in step.held]:
-                tensors[name], stats[name] = step.held[name], unstored.pop(name)["stats"]
-            check.full = True
-            self.diverged = Divergence(step=index, tensor=check.differing[0])
-            tree.manifest = tree.manifest.model_copy(update={"diverged": self.diverged})
-        meta["capture"]["live"] = check.model_dump(mode="json")
-        return bool(first) and self.on_divergence == "stop"
-
-    def _meta(self, step: _Step, index: int) -> dict:
-        info = CaptureInfo.model_validate({
-            "step": index, "mode": self.mode, "rank": self.rank, "world_size": self.world_size, "root": self.root,
-            "modules": self.infos,
-            "records": [Record.model_validate({"module": m, "call": c, "phase": p, "tensors": n}) for m, c, p, n in step.records]})
-        meta = {"case": {}, "case_name": "capture", "side": self.side, "framework": self.adapter.name, "impl": self.root,
-                "provenance": self.provenance, "environment": self.environment, "inputs": {},
-                "capture": info.model_dump(mode="json")}
+        note = None
         if step.skipped:
             note = f"not recorded (a dtype or layout xfalign dumps do not hold): {', '.join(step.skipped)}"
-            meta["notes"] = {"capture": note}
             if not self._warned_skipped:
                 self._warned_skipped = True
                 warnings.warn(f"xfalign capture {self.folder}, step {index}: {note} (listed in each step's notes.capture)",
                               stacklevel=2)
-        return meta
+        return StepPayload(index=index, records=step.records, order=order, tensors=tensors, stats=stats,
+                           unstored=unstored, norms=step.norms, note=note)
+
+    def _check_live(self, tree: TreeWriter, step: _Step, index: int, dump: Dump) -> bool:
+        """Check the step against the reference's; the first step that differs is kept in full (its held
+        arrays join the stored tensors) and recorded in the manifest. Whether to stop the training."""
+        assert self.live is not None and dump.order is not None
+        unstored, tensors, stats = dump.unstored, dict(dump.tensors), dump.stats
+        entries = dict(unstored)
+        if tensors:
+            entries.update({name: digest.to_json() for name, digest in digests_of(tensors).items()})
+        check = self.live.check(index, dump.order, entries, {**step.held, **tensors})
+        if check is None:
+            dump.meta.setdefault("notes", {})["live"] = f"not checked: the reference {self.live.path} has no step {index}"
+            return False
+        first = check.differing and self.diverged is None
+        if first:
+            for name in [name for name in dump.order if name in unstored and name in step.held]:
+                tensors[name], stats[name] = step.held[name], unstored.pop(name)["stats"]
+            check.full = True
+            self.diverged = Divergence(step=index, tensor=check.differing[0])
+            tree.manifest = tree.manifest.model_copy(update={"diverged": self.diverged})
+        dump.tensors = tensors
+        dump.meta["capture"]["live"] = check.model_dump(mode="json")
+        return bool(first) and self.on_divergence == "stop"
 
     def _provenance(self) -> str:
         script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else "an interactive session"
@@ -743,7 +769,7 @@ def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[
             types: Iterable[str | type] | None = None, side: str | None = None,
             refetch: str | Path | Sequence[str] | None = None, provenance: str | None = None,
             threads: int | None = None, hash: str = "md5", optimizer: Any = None, reference: Any = None,
-            map: Any = None, on_divergence: str = "continue") -> Capture:
+            map: Any = None, on_divergence: str = "continue", writer: str | None = None) -> Capture:
     """Capture `model` (a module of any framework whose adapter supports capture) into the tree at `path`; see the module's
     note. modules: fnmatch globs on module paths ("(root)" is the model); types: class names or classes,
     selected as well; side: the name in the dumps (default: the framework adapter's name);
@@ -754,7 +780,10 @@ def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[
     gradients it applied, its state and the updated parameters (harness.store.tree_format);
     reference: a tree (of an earlier run, or the other framework's) each step is checked against while it runs
     (harness.capture.live), through `map` (a map file or TensorMap: this capture is side B); the first step that
-    differs is written in full, and on_divergence="stop" then raises CaptureDiverged, "continue" goes on."""
+    differs is written in full, and on_divergence="stop" then raises CaptureDiverged, "continue" goes on;
+    writer: where each step's dump is made and written, "thread" (in this process) or "process" (a writer
+    process: harness.capture.step_writer); by default the process for a digest capture of a model on a GPU
+    without a reference, else the thread."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
                    provenance=provenance, threads=threads, hash=hash, optimizer=optimizer, reference=reference,
-                   map=map, on_divergence=on_divergence)
+                   map=map, on_divergence=on_divergence, writer=writer)

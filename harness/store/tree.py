@@ -200,6 +200,19 @@ class TreeWriter:
         self._prepare_folder()
         self._write_manifest()
 
+    @classmethod
+    def adopt(cls, folder: Path, manifest: CaptureManifest, staging: Path | None) -> TreeWriter:
+        """A writer of a tree another writer (of another process: harness.capture.step_writer) has opened and
+        keeps claimed: it writes steps and `finish`es, the other one releases the folder."""
+        writer = cls(folder, manifest)
+        writer._staging = staging
+        return writer
+
+    @property
+    def staging(self) -> Path | None:
+        """The staging folder steps go to until the first is complete (None: the folder itself)."""
+        return self._staging
+
     @property
     def replacing(self) -> bool:
         """Whether an earlier tree at the folder is kept until the first step is complete."""
@@ -218,15 +231,19 @@ class TreeWriter:
         return self.folder / written.name
 
     def close(self) -> None:
-        """Remove a staging folder no step completed (the earlier tree stays as it was), make the steps written
-        durable (an OSError if that fails) and let the folder go."""
+        """`finish`, and let the folder go."""
         try:
-            if self._staging is not None:
-                remove_tree(self._staging)
-                self._staging, self.steps = None, []
-            self._sync_written()
+            self.finish()
         finally:
-            self._release()
+            self.release()
+
+    def finish(self) -> None:
+        """Remove a staging folder no step completed (the earlier tree stays as it was) and make the steps written
+        durable (an OSError if that fails)."""
+        if self._staging is not None:
+            remove_tree(self._staging)
+            self._staging, self.steps = None, []
+        self._sync_written()
 
     def _claim(self) -> None:
         """Make the folder this writer's alone: refused if a writer of this process writes it, else created if
@@ -249,7 +266,8 @@ class TreeWriter:
         if descriptor is not None:
             self._locks.append(descriptor)
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Let the folder go (its flocks and this process's claim)."""
         for descriptor in self._locks:
             fcntl.flock(descriptor, fcntl.LOCK_UN)  # for a process forked meanwhile too, which shares the lock
             os.close(descriptor)

@@ -1,0 +1,186 @@
+"""A captured step made into its dump (`step_dump`), and the process that can write the dumps (`WriterProcess`).
+
+A capture hands each step to its writer thread. That thread waits for the step's digests, then either makes and
+writes the dump itself, or hands the step (a `StepPayload`: records, digest entries, the few arrays kept) to a
+writer process, which makes the meta, writes the step and the manifest, and answers. In the process, building
+and writing a step never holds the training process's GIL: what the training's process pays per step is the
+payload's pickling and a pipe write (harness.capture.api: writer="process", the default for a model on a GPU).
+
+The process is a fresh interpreter (`python -m harness.capture.step_writer`), not a fork of the training (CUDA,
+threads) nor a spawn that would re-run the training script. It talks over its stdin/stdout in pickled messages:
+("open", folder, manifest, staging, context) once, then ("step", payload) answered by None or the failure, then
+("close",) answered the same way once the steps are durable. It ends at the end of its stdin (the training's
+process gone). The folder stays claimed (flocked) by the training's process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from harness.store.dump import Dump
+from harness.store.stats import tensor_stats
+from harness.store.tree import TreeWriter
+from harness.store.tree_format import CaptureInfo, CaptureManifest, Record
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every step's meta says alike: set when the capture is entered."""
+
+    side: str
+    framework: str
+    root: str
+    mode: str
+    rank: int | None
+    world_size: int | None
+    modules: list[dict]  # ModuleInfo, as JSON data
+    provenance: str | None
+    environment: dict
+
+
+@dataclass
+class StepPayload:
+    """One step, its digests settled: what its dump is made of."""
+
+    index: int
+    records: list[tuple[str, int | None, str, list[str]]]
+    order: list[str]  # every tensor, in record order
+    tensors: dict[str, np.ndarray]  # kept in full
+    stats: dict[str, dict]  # of the tensors kept in full
+    unstored: dict[str, dict]  # digest-only tensors' entries
+    norms: dict[str, list[str]]  # a grad norm to compute: its name -> the gradients it is over
+    note: str | None  # notes.capture: what was not recorded
+
+
+def step_dump(context: StepContext, payload: StepPayload) -> Dump:
+    """The step's dump: its meta, and its grad norms computed (float64 sqrt of the sum of the gradients' squared
+    L2 norms, from their statistics)."""
+    tensors, stats, unstored = dict(payload.tensors), dict(payload.stats), dict(payload.unstored)
+    for name, over in payload.norms.items():
+        found = [stats[g] if g in stats else unstored[g]["stats"] for g in over]
+        norms = [entry["norm"] for entry in found if entry["norm"] is not None]
+        tensors[name] = np.asarray(np.sqrt(np.sum(np.square(norms, dtype=np.float64))), dtype=np.float64)
+        stats[name] = tensor_stats(tensors[name])
+    info = CaptureInfo.model_validate({
+        "step": payload.index, "mode": context.mode, "rank": context.rank, "world_size": context.world_size,
+        "root": context.root, "modules": context.modules,
+        "records": [Record.model_validate({"module": m, "call": c, "phase": p, "tensors": n})
+                    for m, c, p, n in payload.records]})
+    meta = {"case": {}, "case_name": "capture", "side": context.side, "framework": context.framework,
+            "impl": context.root, "provenance": context.provenance, "environment": context.environment, "inputs": {},
+            "capture": info.model_dump(mode="json")}
+    if payload.note is not None:
+        meta["notes"] = {"capture": payload.note}
+    return Dump(meta, tensors, unstored=unstored, stats=stats, order=payload.order)
+
+
+class WriterProcessError(RuntimeError):
+    """The writer process failed other than by an OSError (which is raised as one), or ended: the capture
+    raises it as a CaptureWriteError naming the step."""
+
+
+def _send(stream: IO[bytes], message: Any) -> None:
+    pickle.dump(message, stream, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.flush()
+
+
+class WriterProcess:
+    """The training's end of a writer process. `open` starts it (without waiting for its imports), `write` and
+    `close` wait for its answer: OSError (rebuilt from its errno and words) or WriterProcessError on failure.
+    Called by one thread at a time."""
+
+    def __init__(self) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])  # where `harness` is, however it was imported
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        self._process = subprocess.Popen([sys.executable, "-m", "harness.capture.step_writer"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+    def open(self, tree: TreeWriter, context: StepContext) -> None:
+        """Hand it the tree, opened (claimed) by this process, and what every step's meta says."""
+        self._call(("open", tree.folder, tree.manifest.model_dump(mode="json"), tree.staging, context), answer=False)
+
+    def write(self, payload: StepPayload) -> None:
+        self._call(("step", payload))
+
+    def close(self) -> None:
+        """The steps made durable, the process ended (a process that ended already: its failure, if any)."""
+        try:
+            self._call(("close",))
+        finally:
+            for stream in (self._process.stdin, self._process.stdout):
+                if stream is not None:
+                    stream.close()
+            self._process.wait()
+
+    def _call(self, message: tuple, answer: bool = True) -> None:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        try:
+            _send(self._process.stdin, message)
+            failure = pickle.load(self._process.stdout) if answer else None
+        except (BrokenPipeError, EOFError, pickle.UnpicklingError):
+            code = self._process.wait()
+            raise WriterProcessError(f"the writer process ended (exit code {code}; its error output is above)") from None
+        if failure is None:
+            return
+        kind, words = failure
+        if kind == "os":
+            raise OSError(*words)
+        raise WriterProcessError(f"the writer process failed: {words}")
+
+
+def _failure(error: BaseException) -> tuple[str, Any]:
+    if isinstance(error, OSError) and error.errno is not None:
+        return "os", (error.errno, error.strerror, *([str(error.filename)] if error.filename else []))
+    return "other", f"{type(error).__name__}: {error}"
+
+
+def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
+    """The writer process's loop (see the module's note)."""
+    tree: TreeWriter | None = None
+    context: StepContext | None = None
+    broken: tuple | None = None  # an open that failed: every later call is answered with it
+    while True:
+        try:
+            message = pickle.load(inbox)
+        except EOFError:  # the training's process is gone
+            return
+        kind, *rest = message
+        try:
+            if kind == "open":
+                folder, manifest, staging, context = rest
+                tree = TreeWriter.adopt(folder, CaptureManifest.model_validate(manifest), staging)
+                continue
+            if broken is not None:
+                _send(outbox, broken)
+                if kind == "close":
+                    return
+            elif kind == "step":
+                assert tree is not None and context is not None
+                payload = rest[0]
+                # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
+                tree.write_step(payload.index, step_dump(context, payload), validate=False)
+                _send(outbox, None)
+            elif kind == "close":
+                if tree is not None:
+                    tree.finish()
+                _send(outbox, None)
+                return
+        except Exception as error:  # noqa: BLE001 - answered to the training's process, which raises it
+            if kind == "open":
+                broken = _failure(error)
+            else:
+                _send(outbox, _failure(error))
+
+
+if __name__ == "__main__":
+    _inbox, _outbox = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must not corrupt the answers
+    serve(_inbox, _outbox)

@@ -1,0 +1,79 @@
+"""A capture's writer process (harness.capture.step_writer, writer="process"): it writes the same trees as the
+writer thread, and a failure in it (a full disk, the process killed) is the capture's write error naming the
+step, as the thread's is."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from test_faults_capture import files
+from test_faults_storage import fill, tiny_disk  # noqa: F401 - a fixture: a 64 KiB tmpfs
+
+from harness.capture import capture
+from harness.capture.api import CaptureError, CaptureWriteError
+from harness.store.tree import read_tree
+
+pytestmark = pytest.mark.xdist_group("in_process_frameworks")
+
+
+def model_and_optimizer(torch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train(torch, path: Path, steps: int = 3, **options) -> None:
+    model, optimizer = model_and_optimizer(torch)
+    with capture(model, path, optimizer=optimizer, provenance="test", **options) as cap:
+        for step in range(steps):
+            loss = model(torch.full((5, 4), float(step + 1))).square().mean()
+            cap.loss(loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("mode, hash", [("digest", "fast"), ("digest", "md5"), ("full", "md5")])
+def test_the_writer_process_writes_what_the_thread_writes(torch, tmp_path, mode, hash):
+    train(torch, tmp_path / "thread", mode=mode, hash=hash, writer="thread")
+    train(torch, tmp_path / "process", mode=mode, hash=hash, writer="process")
+    thread, process = files(tmp_path / "thread"), files(tmp_path / "process")
+    assert list(thread) == list(process) and len(thread) > 3 * 3  # the manifest, 3 steps of a folder and 2 files
+    assert thread == process  # byte for byte: meta, tensors and manifest
+    assert len(read_tree(tmp_path / "process").steps) == 3
+
+
+def test_a_full_disk_under_the_writer_process_names_the_step(torch, tiny_disk):  # noqa: F811
+    model, optimizer = model_and_optimizer(torch)
+    with pytest.raises(CaptureWriteError) as raised:
+        with capture(model, tiny_disk / "tree", mode="digest", hash="fast", writer="process") as cap:
+            model(torch.ones(3, 4)).sum().backward()
+            fill(tiny_disk)  # after the manifest is written: the step's write fails, in the writer process
+            cap.step()
+            cap.flush()
+    assert str(raised.value).startswith(f"capture: cannot write step 0 (step-00000) of {tiny_disk / 'tree'}: "
+                                        "No space left on device")
+    assert isinstance(raised.value, OSError)
+    assert not [name for name in files(tiny_disk) if name.startswith("tree/step-") or "/." in name]
+
+
+def test_a_killed_writer_process_is_a_write_error_not_a_hang(torch, tmp_path):
+    model, _ = model_and_optimizer(torch)
+    with pytest.raises(CaptureWriteError, match=r"step 0 .*the writer process ended \(exit code -9"):
+        with capture(model, tmp_path / "tree", mode="digest", hash="fast", writer="process") as cap:
+            model(torch.ones(3, 4)).sum().backward()
+            cap._process._process.send_signal(signal.SIGKILL)  # the process, as an out-of-memory killer would
+            cap._process._process.wait()
+            cap.step()
+            cap.flush()
+
+
+def test_writer_choices_are_checked(torch, tmp_path):
+    model, _ = model_and_optimizer(torch)
+    with pytest.raises(CaptureError, match="unknown writer 'disk'; expected one of thread, process"):
+        capture(model, tmp_path / "a", writer="disk")
+    train(torch, tmp_path / "reference", steps=1, mode="digest", hash="fast")
+    with pytest.raises(CaptureError, match="writer='process' cannot check a reference"):
+        capture(model, tmp_path / "b", mode="digest", reference=tmp_path / "reference", writer="process")
