@@ -77,3 +77,23 @@ def test_writer_choices_are_checked(torch, tmp_path):
     train(torch, tmp_path / "reference", steps=1, mode="digest", hash="fast")
     with pytest.raises(CaptureError, match="writer='process' cannot check a reference"):
         capture(model, tmp_path / "b", mode="digest", reference=tmp_path / "reference", writer="process")
+
+
+def test_the_manifest_is_not_rewritten_per_step_but_lists_every_step_on_flush(torch, tmp_path, monkeypatch):
+    from harness.store import tree
+
+    written: list[int] = []  # the steps each manifest written lists
+    real = tree.write_text_atomic
+    monkeypatch.setattr(tree, "write_text_atomic", lambda path, text: (written.append(text.count('"step-')), real(path, text)))
+    monkeypatch.setattr(tree, "MANIFEST_INTERVAL", 3600.0)
+    model, optimizer = model_and_optimizer(torch)
+    with capture(model, tmp_path / "tree", mode="digest", hash="fast", optimizer=optimizer) as cap:
+        for _ in range(4):
+            model(torch.ones(3, 4)).sum().backward()
+            optimizer.step()
+        assert written == [0, 1]  # when the capture began, and after its first step
+        cap.flush()
+        assert written == [0, 1, 4] and len(read_tree(tmp_path / "tree").steps) == 4
+        model(torch.ones(3, 4)).sum().backward()
+        optimizer.step()
+    assert written == [0, 1, 4, 5]  # the end of the block lists the last step

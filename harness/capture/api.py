@@ -404,7 +404,7 @@ class Capture:
         self._removers, self._step = [], _Step()
         failed = None
         try:
-            self.flush()
+            self._wait_written()
         except BaseException as error:  # noqa: BLE001 - handed to __exit__, which raises it or notes it
             failed = error
         if self._tree is not None:
@@ -430,6 +430,18 @@ class Capture:
         return failed
 
     def flush(self) -> None:
+        """Wait until every step handed to `step()` is written and listed in the tree's manifest (which is
+        otherwise rewritten at most once a second: harness.store.tree.MANIFEST_INTERVAL); raise the error of a
+        write that failed."""
+        self._wait_written()
+        if self._tree is not None:
+            with _writing(f"the manifest of {self.folder}"):
+                if self._process is not None:
+                    self._process.list_steps()
+                else:
+                    self._tree.list_steps()
+
+    def _wait_written(self) -> None:
         """Wait until every step handed to `step()` is written; raise the error of a write that failed."""
         writing, self._writing = self._writing, None
         if writing is not None:
@@ -678,11 +690,11 @@ class Capture:
         pending = list({id(work): work for _, work in step.results.values()
                         if isinstance(work, PendingDigest) and work.entry is None}.values())
         rows = self.adapter.fetch_digests([p.values for p in pending]) if pending else None
-        self.flush()  # the step before: one step written at a time
+        self._wait_written()  # the step before: one step written at a time
         index, self._steps = self._steps, self._steps + 1
         self._writing = self._writer.submit(self._write, step, index, pending, rows)
         if self.live is not None and self.on_divergence == "stop":
-            self.flush()  # the check's verdict before training goes on
+            self._wait_written()  # the check's verdict before training goes on
         return self.folder / step_folder(index)
 
     def _write(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:

@@ -8,9 +8,9 @@ payload's pickling and a pipe write (harness.capture.api: writer="process", the 
 
 The process is a fresh interpreter (`python -m harness.capture.step_writer`), not a fork of the training (CUDA,
 threads) nor a spawn that would re-run the training script. It talks over its stdin/stdout in pickled messages:
-("open", folder, manifest, staging, context) once, then ("step", payload) answered by None or the failure, then
-("close",) answered the same way once the steps are durable. It ends at the end of its stdin (the training's
-process gone). The folder stays claimed (flocked) by the training's process.
+("open", folder, manifest, staging, context) once, then ("step", payload) and ("list",) (the manifest rewritten)
+answered by None or the failure, then ("close",) answered the same way once the steps are durable. It ends at
+the end of its stdin (the training's process gone). The folder stays claimed (flocked) by the training's process.
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ class WriterProcess:
     def write(self, payload: StepPayload) -> None:
         self._call(("step", payload))
 
+    def list_steps(self) -> None:
+        """The manifest made to list every step written (TreeWriter.list_steps)."""
+        self._call(("list",))
+
     def close(self) -> None:
         """The steps made durable, the process ended (a process that ended already: its failure, if any)."""
         try:
@@ -167,6 +171,10 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
                 payload = rest[0]
                 # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
                 tree.write_step(payload.index, step_dump(context, payload), validate=False)
+                _send(outbox, None)
+            elif kind == "list":
+                assert tree is not None
+                tree.list_steps()
                 _send(outbox, None)
             elif kind == "close":
                 if tree is not None:
