@@ -3,14 +3,15 @@ the ratio to the plain step, this the split of the difference.
 
     python3 scripts/profile_capture.py [--model layer|moe-layer|mlp] [--hidden 4096] [--ffn 11008] [--tokens 4096]
                                        [--dtype bf16|fp32]
-                                       [--rounds 5] [--steps 4] [--trace trace.json]
+                                       [--rounds 5] [--steps 4] [--trace trace.json] [--writer thread|process]
 
 Prints, medians over --rounds rounds of each variant (taking turns; a captured round is --steps steps in one
 capture, as scripts/bench_capture.py times them):
 - the plain step, the captured step (per step, up to the capture block's end) and its parts on the training's
   thread: forward + backward (hooks and the kernels they start), `cap.step()`, the synchronize that waits for
-  the device; the writer thread's time per step (fetching the digests' values, building and writing the dump),
-  which overlaps the next step;
+  the device; the writer thread's time per step (fetching the digests' values, building and writing the dump,
+  or handing it to the writer process: --writer), which overlaps the next step, as wall time and as the thread's
+  CPU time (at most the time it held the training's GIL);
 - the captured step with the digest itself replaced by a constant (hooks, bookkeeping and writing only), and
   "unwritten": digests taken and fetched, but no dump written (the writer thread's share);
 - from torch.profiler over one captured step: device time of the digest kernels and of the model's kernels,
@@ -51,11 +52,12 @@ def constant_digest(tensor) -> PendingDigest:
                           "stats": {"min": 0.0, "max": 0.0, "mean": 0.0, "norm": 0.0, "nan": 0, "inf": 0}})
 
 
-def captured(model, x, grad, folder: Path, label: str, steps: int, constant: bool = False, write: bool = True) -> None:
+def captured(model, x, grad, folder: Path, label: str, steps: int, constant: bool = False, write: bool = True,
+             writer: str | None = None) -> None:
     """`steps` captured steps in one capture; per step: forward + backward, cap.step(), the synchronize; the
     writer thread's time per step (overlapped with the next step) and the total per step up to the block's end."""
     marks = []
-    with capture(model, folder / label, mode="digest", hash="fast") as cap:
+    with capture(model, folder / label, mode="digest", hash="fast", writer=writer) as cap:
         if constant:
             cap.adapter = type(cap.adapter)()
             cap.adapter.device_digest = constant_digest
@@ -89,6 +91,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per round of a captured variant")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run of this script")
     parser.add_argument("--trace", help="write the profiler's chrome trace of one captured step here")
+    parser.add_argument("--writer", choices=("thread", "process"), help="the capture's writer (default: capture's own)")
     args = parser.parse_args()
     torch.compiler.set_stance("force_eager")
     torch.manual_seed(0)
@@ -99,11 +102,12 @@ def main() -> None:
         original = getattr(owner, name)
 
         def wrapper(*a, _original=original, _part=part, **k):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return _original(*a, **k)
-            finally:
-                WRITER[_part].append(time.perf_counter() - start)
+            finally:  # the thread's CPU time: at most what it held the training's GIL
+                WRITER[f"{_part} wall"].append(time.perf_counter() - start)
+                WRITER[f"{_part} cpu"].append(time.thread_time() - cpu)
 
         setattr(owner, name, wrapper)
 
@@ -116,9 +120,9 @@ def main() -> None:
             train_step(model, x, grad)
             PARTS["plain:total"].append(time.perf_counter() - start)
 
-        variants = [plain, lambda: captured(model, x, grad, folder, "digest", args.steps),
-                    lambda: captured(model, x, grad, folder, "constant", args.steps, constant=True),
-                    lambda: captured(model, x, grad, folder, "unwritten", args.steps, write=False)]
+        variants = [plain, lambda: captured(model, x, grad, folder, "digest", args.steps, writer=args.writer),
+                    lambda: captured(model, x, grad, folder, "constant", args.steps, constant=True, writer=args.writer),
+                    lambda: captured(model, x, grad, folder, "unwritten", args.steps, write=False, writer=args.writer)]
         for variant in variants:
             variant()
         PARTS.clear()
@@ -138,7 +142,7 @@ def main() -> None:
             parts = ", ".join(f"{part} {statistics.median(PARTS[f'{label}:{part}']) * 1e3:.2f}"
                               for part in ("fwbw", "step", "sync"))
             print(f"  {label:<10} {total:8.2f} ms  x{total / plain_ms:.2f}   ({parts} ms)")
-        print("  writer thread per step (all variants; overlaps the next step): " + ", ".join(
+        print(f"  writer thread per step (all variants; overlaps the next step; writer {args.writer or 'default'}): " + ", ".join(
             f"{part} {statistics.median(values) * 1e3:.2f} ms" for part, values in WRITER.items()))
         sizes = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
         digested = sum(math.prod(e["shape"]) * sizes.get(e["dtype"], 4) for e in written.unstored.values())
