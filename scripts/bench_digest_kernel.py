@@ -3,8 +3,15 @@ in the same run: bf16 and fp32, 64 MiB to 8 GiB. Device time only (CUDA events; 
 launches queue up and their CPU time is not counted), --rounds rounds taking turns; per size the GB/s of each
 and the range of the ratio over the rounds. Each tensor's fast64 is checked against the torch-ops path (up to
 1 GiB) and, for the smallest size, against numpy's on the host; any difference exits 1.
+With --grouped instead: steps of --count bf16 tensors of each of --grouped-sizes KiB, digested grouped (every
+tensor copied into an arena, one `grouped_digest` launch at fetch_digests) and one launch each
+(`fused_device_digest`), taking turns: per size the GPU time and the CPU time per tensor of each (device_digest of
+each tensor and the step's fetch_digests; the GPU first sleeps, so that neither waits for it), the median and
+range over the rounds; what triton_digest.GROUP_BYTES, the largest tensor grouped, is chosen from. Each step's
+fast64s of both are compared.
 
     python3 scripts/bench_digest_kernel.py [--rounds 3] [--sizes 64 256 1024 4096 8192] [--repeat 10]
+    python3 scripts/bench_digest_kernel.py --grouped [--grouped-sizes 16 64 256 1024 4096 16384] [--count 32]
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import functools
 import os
 import statistics
 import sys
+import time
 
 import numpy as np
 import torch
@@ -46,17 +54,70 @@ def fast64_of(tensor, kernel: str) -> str:
         os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
 
 
+def grouped_step(tensors: list, grouped: bool) -> tuple[float, float, list[str]]:
+    """One step of digests of `tensors`, grouped or one launch each: milliseconds of GPU time, microseconds of
+    CPU per tensor (device_digest of each and fetch_digests), the fast64s."""
+    os.environ["XFALIGN_DIGEST_GROUP_BYTES"] = str(1 << 40 if grouped else 0)
+    adapter = TorchAdapter()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    began = time.perf_counter()
+    pending = [device_digest(tensor) for tensor in tensors]
+    rows = adapter.fetch_digests([p.values for p in pending])
+    cpu = (time.perf_counter() - began) * 1e6 / len(tensors)
+    stop.record()
+    for work, row in zip(pending, rows(), strict=True):
+        work.settle(row)
+    return start.elapsed_time(stop), cpu, [work.result()["fast64"] for work in pending]
+
+
+def grouped_main(args) -> int:
+    """--grouped: see the module's note."""
+    wrong = 0
+    for kib in args.grouped_sizes:
+        tensors = [torch.randn(kib * 512, device="cuda").to(torch.bfloat16) for _ in range(args.count)]
+        found: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
+        digests = {}
+        for round_ in range(args.rounds + 1):  # the first: warm-up (compiling, the arenas' sizes)
+            for grouped in (True, False):
+                gpu, cpu, digests[grouped] = grouped_step(tensors, grouped)
+                if round_:
+                    found[grouped][0].append(gpu)
+                    found[grouped][1].append(cpu)
+        wrong += digests[True] != digests[False]
+        line = f"  {args.count} x bf16 {kib:>6} KiB:"
+        for grouped, (gpu, cpu) in found.items():
+            line += (f"  {'grouped' if grouped else 'one launch each'} GPU {statistics.median(gpu) * 1e3 / args.count:7.1f} us "
+                     f"({min(gpu) * 1e3 / args.count:.1f}-{max(gpu) * 1e3 / args.count:.1f}), CPU {statistics.median(cpu):5.1f} us "
+                     f"({min(cpu):.1f}-{max(cpu):.1f}) per tensor")
+        print(line, flush=True)
+        del tensors
+        torch.cuda.empty_cache()
+    os.environ.pop("XFALIGN_DIGEST_GROUP_BYTES", None)
+    print("fast64 grouped vs one launch each: " + ("ALL EQUAL" if not wrong else f"{wrong} sizes DIFFERENT"))
+    return 1 if wrong else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096, 8192], help="MiB")
+    parser.add_argument("--grouped", action="store_true", help="grouped against one launch per tensor instead")
+    parser.add_argument("--grouped-sizes", type=int, nargs="+", default=[16, 64, 256, 1024, 4096, 16384], help="KiB")
+    parser.add_argument("--count", type=int, default=32, help="tensors per step (--grouped)")
     args = parser.parse_args()
     if not (torch.cuda.is_available() and triton_digest.importable()):
         print("needs a CUDA GPU and triton")
         return 2
     import triton
 
+    if args.grouped:
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; steps of "
+              f"{args.count} tensors, {args.rounds} rounds; GPU and CPU time per tensor, median (min-max over rounds)")
+        return grouped_main(args)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; device time, "
           f"{args.rounds} rounds of {args.repeat} calls each; ratio = digest GB/s / torch sum GB/s (min-max over rounds)")
     wrong = 0

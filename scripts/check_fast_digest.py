@@ -2,14 +2,20 @@
 path a capture with hash="fast" takes) equals the numpy one of the same bytes on the host
 (harness.store.fast_hash.fast64, and the statistics of harness.store.stats within fast_hash.stats_tolerance), for a
 fixed set of tensors: several dtypes, odd sizes, empty, more than one block of words, NaN/Inf, views that
-do not start on a 4-byte boundary, a transposed one. On CUDA both paths of `device_digest` are
-checked: "fused" (the Triton kernel of harness.frameworks.triton_digest, `fused_device_digest`) and
-"torch" (torch ops, XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path, the time of one
-digest of a large bf16 tensor per path on CUDA, with --sweep the time of the default kernel under other tile
-and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for bit), then "ALL EQUAL" (exit 0)
-or the differences (exit 1; also when a fused path is asked for and triton cannot be imported).
+do not start on a 4-byte boundary, a transposed one. On CUDA the three paths of `device_digest` are
+checked: "grouped" (the default: tensors up to triton_digest.group_bytes() copied into an arena and digested
+together by `grouped_digest` at the step's end, larger ones by the fused kernel), "fused" (the Triton kernel of
+harness.frameworks.triton_digest, `fused_device_digest`, one launch per tensor: XFALIGN_DIGEST_GROUP_BYTES=0) and
+"torch" (torch ops, XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path; on
+CUDA then a step of 100 small tensors (STEP: mixed sizes and dtypes, some not contiguous), checked per tensor
+against numpy on the grouped and fused paths, and its CPU cost per tensor on both, side by side (device_digest
+of each tensor plus the step's fetch_digests, the GPU kept busy so that nothing waits for it; --steps steps, the
+median and the range), the time of one digest of a large bf16 tensor per path, with --sweep the time of the
+default kernel under other tile and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for
+bit), then "ALL EQUAL" (exit 0) or the differences (exit 1; also when a Triton path is asked for and triton
+cannot be imported).
 
-    python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths fused torch] [--sweep]
+    python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths grouped fused torch] [--steps 20] [--sweep]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -29,7 +36,11 @@ from harness.frameworks.torch import TorchAdapter, device_digest
 from harness.store.fast_hash import BLOCK, fast64, stats_tolerance
 from harness.store.stats import tensor_stats
 
-PATHS = {"fused": "fused", "torch": "torch"}  # path -> XFALIGN_FAST_DIGEST_KERNEL
+# path -> (XFALIGN_FAST_DIGEST_KERNEL, XFALIGN_DIGEST_GROUP_BYTES; None: unset, the default)
+PATHS = {"grouped": ("auto", None), "fused": ("auto", "0"), "torch": ("torch", "0")}
+# the step of small tensors whose CPU cost is measured: (count, dtype, shape, transposed), 100 tensors, ~16 MiB
+STEP = ((40, torch.bfloat16, (4096,), False), (20, torch.float32, (4096,), False), (20, torch.bfloat16, (16, 4096), False),
+        (10, torch.bfloat16, (1024, 512), False), (5, torch.int64, (16, 256), False), (5, torch.bfloat16, (64, 4096), True))
 # (ROWS, WARPS, PROGRAMS_PER_SM) of triton_digest's default kernel that --sweep times (the first: the defaults)
 # (PROGRAMS_PER_SM: an upper bound; the programs resident at once, from the registers, decide below it)
 SWEEP = ((triton_digest.ROWS, triton_digest.WARPS, triton_digest.PROGRAMS_PER_SM), (4, 4, 8), (2, 4, 8), (16, 4, 8),
@@ -78,8 +89,18 @@ def same_stats(found: dict, expected: dict, dtype: str) -> bool:
     return True
 
 
+def use(path: str) -> None:
+    """Set the environment that makes `device_digest` take `path`."""
+    kernel, group = PATHS[path]
+    os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = kernel
+    if group is None:
+        os.environ.pop("XFALIGN_DIGEST_GROUP_BYTES", None)
+    else:
+        os.environ["XFALIGN_DIGEST_GROUP_BYTES"] = group
+
+
 def digests(cases: list, path: str, adapter: TorchAdapter) -> list[dict]:
-    os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
+    use(path)
     pending = [device_digest(tensor) for _, tensor, _ in cases]
     for work, row in zip(pending, adapter.fetch_digests([p.values for p in pending])(), strict=True):
         work.settle(row)
@@ -89,7 +110,7 @@ def digests(cases: list, path: str, adapter: TorchAdapter) -> list[dict]:
 def timing(tensor, path: str, repeat: int = 20) -> float:
     """Milliseconds of GPU time of one digest of `tensor` by `path` (CUDA events, after a warm-up; the GPU
     first sleeps ~5 ms so that the launches queue up: the time is the kernels', not the launches')."""
-    os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
+    use(path)
     device_digest(tensor)
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -104,7 +125,7 @@ def timing(tensor, path: str, repeat: int = 20) -> float:
 
 def host_timing(tensor, path: str, repeat: int = 20) -> float:
     """Milliseconds of CPU time of one call of device_digest (the launches) by `path`."""
-    os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = PATHS[path]
+    use(path)
     device_digest(tensor)
     torch.cuda.synchronize()
     torch.cuda._sleep(50_000_000)  # the GPU busy: the calls do not wait for it
@@ -114,6 +135,59 @@ def host_timing(tensor, path: str, repeat: int = 20) -> float:
     seconds = time.perf_counter() - began
     torch.cuda.synchronize()
     return seconds * 1e3 / repeat
+
+
+def step_tensors() -> list:
+    """STEP's tensors on the GPU (normal values; the transposed ones are views, not contiguous)."""
+    generator = torch.Generator(device="cuda").manual_seed(4)
+    found = []
+    for count, dtype, shape, transposed in STEP:
+        for _ in range(count):
+            if dtype.is_floating_point:
+                tensor = torch.randn(shape, device="cuda", generator=generator).to(dtype)
+            else:
+                tensor = torch.randint(0, 50000, shape, device="cuda", generator=generator, dtype=dtype)
+            found.append(tensor.t() if transposed else tensor)
+    return found
+
+
+def step_check(tensors: list, path: str, adapter: TorchAdapter) -> int:
+    """The step's tensors digested by `path` as one step, against numpy's fast64 and statistics; the differences."""
+    entries = digests([("", tensor, None) for tensor in tensors], path, adapter)
+    wrong = 0
+    for tensor, entry in zip(tensors, entries, strict=True):
+        array = TorchAdapter().to_numpy(tensor)
+        wrong += entry["fast64"] != fast64(array) or not same_stats(entry["stats"], tensor_stats(np.ascontiguousarray(array)),
+                                                                    entry["dtype"])
+    return wrong
+
+
+def step_host_cost(tensors: list, path: str, adapter: TorchAdapter, steps: int) -> tuple[list, list, list]:
+    """Per step of `tensors`: microseconds of CPU per tensor for device_digest of each and the step's
+    fetch_digests (the launches and the copy to the host started, not waited for: a capture's writer thread
+    waits), the GPU kept busy by a sleep so that no call waits for it; the part of it in device_digest; and
+    milliseconds of GPU time of the step's digests (CUDA events around them, the launches queued behind the sleep)."""
+    use(path)
+    for _ in range(2):  # warm: compiled kernels, the pinned buffers, the arenas' sizes
+        pending = [device_digest(tensor) for tensor in tensors]
+        adapter.fetch_digests([p.values for p in pending])()
+    host, digesting, device = [], [], []
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)
+        start.record()
+        began = time.perf_counter()
+        pending = [device_digest(tensor) for tensor in tensors]
+        digested = time.perf_counter()
+        rows = adapter.fetch_digests([p.values for p in pending])
+        host.append((time.perf_counter() - began) * 1e6 / len(tensors))
+        digesting.append((digested - began) * 1e6 / len(tensors))
+        stop.record()
+        for work, row in zip(pending, rows(), strict=True):
+            work.settle(row)
+        device.append(start.elapsed_time(stop))
+    return host, digesting, device
 
 
 def sweep(large, digest: str, adapter: TorchAdapter) -> int:
@@ -140,6 +214,7 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--paths", choices=tuple(PATHS), nargs="+", default=None,
                         help="device_digest's paths to check (default: all three on cuda, torch on cpu)")
+    parser.add_argument("--steps", type=int, default=20, help="steps of STEP timed per path (CPU cost per tensor)")
     parser.add_argument("--sweep", action="store_true",
                         help="on cuda, also time the default fused kernel under the settings of SWEEP")
     args = parser.parse_args()
@@ -158,8 +233,8 @@ def main() -> int:
         expected = [(fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))) for _, _, array in cases]
     differences = checked = 0
     for path in paths:
-        if path.startswith("fused") and not (device == "cuda" and triton_digest.importable()):
-            print(f"path fused: not available ({'triton cannot be imported' if device == 'cuda' else 'CUDA only'})")
+        if path != "torch" and not (device == "cuda" and triton_digest.importable()):
+            print(f"path {path}: not available ({'triton cannot be imported' if device == 'cuda' else 'CUDA only'})")
             differences += 1
             continue
         for (label, _, _), entry, (digest, stats) in zip(cases, digests(cases, path, adapter), expected, strict=True):
@@ -170,9 +245,31 @@ def main() -> int:
                   f"{'equal' if same_hash else 'DIFFERENT'}, stats {'equal' if same else 'DIFFERENT'}"
                   + ("" if same else f" {entry['stats']} numpy {stats}"))
     if device == "cuda":
+        tensors = step_tensors()
+        triton_paths = [path for path in paths if path != "torch" and triton_digest.importable()]
+        costs = {}
+        for path in triton_paths:
+            wrong = step_check(tensors, path, adapter)
+            differences += wrong
+            checked += len(tensors)
+            print(f"step of {len(tensors)} small tensors, path {path}: {'ALL EQUAL' if not wrong else f'{wrong} DIFFERENT'} "
+                  f"to numpy")
+        for _ in range(2):  # the paths take turns: the ranges are over both rounds' steps
+            for path in triton_paths:
+                for kept, found in zip(costs.setdefault(path, ([], [], [])), step_host_cost(tensors, path, adapter, args.steps),
+                                       strict=True):
+                    kept.extend(found)
+        for path, (host, digesting, gpu) in costs.items():
+            print(f"step of {len(tensors)} small tensors ({sum(t.numel() * t.element_size() for t in tensors) / 2**20:.1f} MiB), "
+                  f"path {path}: {statistics.median(host):.1f} us of CPU per tensor ({min(host):.1f}-{max(host):.1f} over "
+                  f"{len(host)} steps; device_digest each + fetch_digests; device_digest alone "
+                  f"{statistics.median(digesting):.1f}), {statistics.median(gpu):.3f} ms of GPU per step "
+                  f"({min(gpu):.3f}-{max(gpu):.3f})")
         large = next(tensor for label, tensor, _ in cases if label.startswith("bf16 [4096, 11008]"))
         nbytes = large.numel() * large.element_size()
         for path in paths:
+            if path == "grouped":  # a large tensor is not grouped: the fused path's figures
+                continue
             if not path.startswith("fused") or triton_digest.importable():
                 milliseconds = timing(large, path)
                 print(f"path {path}: one digest of bf16 [4096, 11008] {milliseconds:.3f} ms of GPU "
@@ -181,6 +278,7 @@ def main() -> int:
             differences += sweep(large, next(digest for (label, _, _), (digest, _) in zip(cases, expected, strict=True)
                                              if label.startswith("bf16 [4096, 11008]")), adapter)
     os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
+    os.environ.pop("XFALIGN_DIGEST_GROUP_BYTES", None)
     where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"torch {torch.__version__} on {where}, paths {' '.join(paths)}: " +
           ("ALL EQUAL" if not differences else f"{differences} of {checked} DIFFER (or a path not available)"))

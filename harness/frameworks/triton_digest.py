@@ -6,10 +6,10 @@ float64 and int64 temporaries.
 `fused_device_digest(tensor)` returns the same handle as the torch ops: a float64 tensor of fast_hash.SLOTS on
 the tensor's device (sum, sum of squares, min, max of the finite values, the element count, the NaN and Inf
 counts, S as the float64 whose bits are its uint64), so that PendingDigest.settle reads either alike. No
-synchronisation: the kernel runs in the current stream's order. One launch per tensor: a launch costs tens
-of microseconds of CPU, and a capture digests every input, output and gradient of a step, so the CPU work per
-tensor (a cached launch plan, one zeroed buffer, the launch) decides what a capture costs where the step's CPU
-work is on its critical path.
+synchronisation: the kernel runs in the current stream's order. One launch per large tensor, one per dtype for a
+step's small ones ("Small tensors" below): a launch costs tens of microseconds of CPU, and a capture digests
+every input, output and gradient of a step, so the CPU work per tensor decides what a capture costs where the
+step's CPU work is on its critical path.
 
 How it works. The bytes are read as int32 words (units; 8-byte dtypes as int64 units, two words each),
 never at the element's width: a tile is ROWS blocks x LANES units, one column range [c0, c0 + LANES) of ROWS
@@ -33,6 +33,28 @@ arrives last combines the rows into the handle (no second kernel).
 
 The output buffer (float64, zeroed): [0, 8) the handle, [8] the arrival counter (int32), then the partial rows,
 4 x programs float64 (sum, squares, min, max) and 3 x programs int64 (S, NaN, NaN-or-Inf).
+
+Small tensors. A launch costs the CPU tens of microseconds (Triton's launcher, the plan, the zeroed buffer),
+whatever the tensor's size, and a step has many small tensors (biases, norms' weights, small activations, their
+gradients). So a tensor of at most group_bytes() (GROUP_BYTES, XFALIGN_DIGEST_GROUP_BYTES; 0 turns grouping off)
+is not digested at once: `grouped_device_digest` copies it (one `copy_`, contiguous, in the current stream's
+order, so later in-place changes and frees of the tensor do not matter) into the next 16-byte aligned segment of
+an arena kept per device, stream and dtype (a `Group`), and returns a GroupSlot, its row of the group's
+handles. At the step's end, harness.frameworks.torch `fetch_digests` launches each group once
+(`launch_groups`): `grouped_digest` runs a program per item, ITEM_TILES tiles of one segment (a segment of
+k items is `digest`'s grid of k programs on that tensor alone: its position weights restart at the segment's
+start, so its S is its tensor's); a program finds its segment among the table's first items (SEARCH at a
+time), and the segment's last program to arrive combines its rows into its handle. The table (first item,
+items, first unit, elements per segment) goes to the device from pinned memory, without waiting. The sums
+of the statistics are grouped into programs differently from the ungrouped kernel's, so they may differ from
+its in the last bits (fast_hash.stats_tolerance); S, min, max and the counts are the same. An arena that fills
+is launched at once and the key's next one is twice as large (up to MAX_ARENA_BYTES); each arena comes from
+torch's caching allocator and goes back to it after its launch (reused, in stream order, by the next step's). A
+group filled on one stream and launched on another: the launching stream waits for the filling one.
+Why a copy, not a table of the tensors' own addresses read at the step's end: between the hook and the step's
+end a tensor may be changed in place (an activation by an in-place op, a parameter by the optimizer, a
+gradient by accumulation) or freed and its memory reused; the copy is what keeps the digest that of the
+tensor at the hook, as the ungrouped kernel's stream-ordered read does.
 
 What the bit-identity with numpy relies on (both on the GPU and in Triton's interpreter, TRITON_INTERPRET=1,
 which runs the kernels with numpy arrays):
