@@ -120,10 +120,15 @@ def test_a_tree_whose_ranks_are_not_one_capture_is_refused(tmp_path, capsys, edi
 
 
 @pytest.mark.parametrize("shard, field, message", [
-    ("{b: {axis: 0, group: dp}}", "tensors.0.shard.b.group", "only tensor-parallel groups"),
+    ("{b: {axis: 0, group: dp}}", "tensors.0.shard.b.group", "only tensor- and expert-parallel groups"),
     ("{b: {axis: 0, interleave: 0}}", "tensors.0.shard.b.interleave", "greater than 0"),
     ("{c: {axis: 0}}", "tensors.0.shard.c", "'a' or 'b'"),
-    ("{a: {interleave: 2}}", "tensors.0.shard.a.axis", "required"),
+    ("{a: {interleave: 2}}", "tensors.0.shard.a", "give one of axis (split), reduce: sum"),
+    ("{b: {axis: 0, reduce: sum}}", "tensors.0.shard.b", "not axis and reduce"),
+    ("{b: {reduce: max}}", "tensors.0.shard.b.reduce", "'sum'"),
+    ("{b: {local: e}}", "tensors.0.shard.b", "local and per_rank go together"),
+    ("{b: {reduce: sum, ragged: true}}", "tensors.0.shard.b", "give axis"),
+    ("{b: {axis: 0, ragged: true, interleave: 2}}", "tensors.0.shard.b", "one block per rank"),
 ])
 def test_bad_shard_declarations_name_file_line_and_field(tmp_path, shard, field, message):
     path = tmp_path / "map.yaml"
@@ -143,3 +148,60 @@ def test_assembled_tensors_are_the_canonical_bytes(tmp_path, shard_map):
     for name in whole.names:
         assert np.asarray(step.tensors[name]).tobytes() == np.asarray(whole.tensors[name]).tobytes(), name
     assert step.meta["world"] == 2 and step.meta["replicas_differ"] == {}
+
+
+EP_MAP = """\
+format: xfalign-map/1
+tensors:
+  - a: "router:grad.weight"
+    b: "router:grad.weight"
+    shard: {b: {reduce: sum, group: ep}}
+  - a: "experts#{c}:input.0"
+    b: "experts#{c}:input.0"
+    shard: {b: {axis: 0, ragged: true, group: ep}}
+  - a: "experts.local_experts.{e}.fc:{role}.weight"
+    b: "experts.local_experts.{e}.fc:{role}.weight"
+    shard: {b: {local: e, per_rank: 2, group: ep}}
+"""
+
+
+def test_expert_parallel_pieces_are_renamed_summed_and_joined(tmp_path):
+    """EP=2, 4 experts: rank r's local expert l is expert 2r + l; the router's gradient is each rank's
+    partial sum; the experts' tokens are as many as each rank received, joined in rank order."""
+    from harness.store.dump import Dump
+    from harness.store.ranks import assemble_step
+
+    (tmp_path / "map.yaml").write_text(EP_MAP)
+    tensor_map = load_map(tmp_path / "map.yaml")
+    rng = np.random.default_rng(0)
+    dumps = []
+    for rank, tokens in ((0, 3), (1, 5)):
+        tensors = {f"experts.local_experts.{local}.fc:param.weight": np.full((2, 2), 2 * rank + local, np.float32)
+                   for local in range(2)}
+        tensors |= {"router:grad.weight": rng.standard_normal((4, 2)).astype(np.float32),
+                    "experts#0:input.0": np.full((tokens, 2), rank, np.float32)}
+        dumps.append(Dump({"rank": rank, "world": 2}, tensors, order=list(tensors)))
+    step = assemble_step(dumps, lambda name: tensor_map.sharding("b", name))
+    assert [name for name in step.names if "local_experts" in name] == [
+        f"experts.local_experts.{e}.fc:param.weight" for e in (0, 2, 1, 3)]
+    for expert in range(4):
+        assert (step.tensors[f"experts.local_experts.{expert}.fc:param.weight"] == expert).all()
+    assert step.tensors["router:grad.weight"].tobytes() == (
+        dumps[0].tensors["router:grad.weight"] + dumps[1].tensors["router:grad.weight"]).tobytes()
+    assert step.tensors["experts#0:input.0"][:, 0].tolist() == [0] * 3 + [1] * 5
+    assert step.meta["replicas_differ"] == {} and step.left_out == {}
+    # a partial sum some rank holds digest-only cannot be added up: left out, with the reason
+    digest_only = Dump(dumps[1].meta, {k: v for k, v in dumps[1].tensors.items() if k != "router:grad.weight"},
+                       unstored={"router:grad.weight": {"dtype": "float32", "shape": [4, 2]}}, order=dumps[1].order)
+    step = assemble_step([dumps[0], digest_only], lambda name: tensor_map.sharding("b", name))
+    assert "partial sum" in step.left_out["router:grad.weight"]
+
+
+def test_a_local_expert_capture_that_holds_no_number_is_refused(tmp_path):
+    from harness.capture.mapping import MapApplyError
+
+    (tmp_path / "map.yaml").write_text(EP_MAP.replace("experts.local_experts.{e}.fc", "experts.{e}.fc"))
+    tensor_map = load_map(tmp_path / "map.yaml")
+    assert tensor_map.sharding("b", "experts.3.fc:param.weight").rename(1) == "experts.5.fc:param.weight"
+    with pytest.raises(MapApplyError, match="shard.local"):
+        tensor_map.sharding("b", "experts.gate.fc:param.weight")

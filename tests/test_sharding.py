@@ -56,3 +56,40 @@ def test_pieces_that_do_not_line_up_are_refused():
         Sharding(axis=0).assemble([])
     with pytest.raises(ValueError):
         Sharding(axis=None, interleave=2)
+
+
+def test_ragged_pieces_are_joined_in_rank_order_whatever_their_lengths():
+    """The tokens each rank's experts received: as many as the routing sent, joined in rank order."""
+    pieces = [np.arange(6, dtype=np.float32).reshape(3, 2), np.arange(6, 10, dtype=np.float32).reshape(2, 2)]
+    whole, differ = Sharding(axis=0, ragged=True).assemble(pieces)
+    assert differ == [] and whole.tolist() == np.arange(10).reshape(5, 2).tolist()
+    with pytest.raises(ShardingError, match="rank 1"):
+        Sharding(axis=0, ragged=True).assemble([np.zeros((3, 2)), np.zeros((2, 3))])
+    with pytest.raises(ShardingError, match="cannot be cut"):
+        Sharding(axis=0, ragged=True).shard(np.zeros((4, 2)), 0, 2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(world=st.integers(2, 4), seed=st.integers(0, 2**16), dtype=st.sampled_from([np.float32, np.float64]))
+def test_partial_sums_add_up_in_rank_order_in_their_dtype(world, seed, dtype):
+    pieces = [np.random.default_rng(seed + r).standard_normal((3, 4)).astype(dtype) for r in range(world)]
+    whole, differ = Sharding(reduce="sum").assemble(pieces)
+    expected = pieces[0]
+    for piece in pieces[1:]:
+        expected = expected + piece
+    assert differ == [] and whole.dtype == dtype and whole.tobytes() == expected.tobytes()
+    with pytest.raises(ShardingError, match="partial sum"):
+        Sharding(reduce="sum").assemble([pieces[0], pieces[1][:2]])
+
+
+def test_renamed_pieces_are_not_one_tensor_and_kinds_do_not_mix():
+    sharding = Sharding(rename=lambda rank: f"experts.{2 * rank}:param.weight")
+    assert not sharding.replicated and "renamed" in sharding.describe()
+    with pytest.raises(ShardingError, match="renamed"):
+        sharding.assemble([np.zeros(2), np.zeros(2)])
+    with pytest.raises(ShardingError, match="cannot be cut"):
+        Sharding(reduce="sum").shard(np.zeros(2), 1, 2)
+    for bad in (dict(axis=0, reduce="sum"), dict(ragged=True), dict(axis=0, ragged=True, interleave=2),
+                dict(reduce="sum", rename=str)):
+        with pytest.raises(ValueError):
+            Sharding(**bad)

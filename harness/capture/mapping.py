@@ -64,10 +64,14 @@ does not mention keeps its name), but an entry that pairs nothing is a typo or a
 Sharding (a side captured on several ranks: its tree has rank-NNNNN folders): `shard: {a: {...}, b: {...}}`
 says, per side, how that side's tensors matched by the entry's patterns of that side (each part, where
 several) are split across the ranks of a parallel group: `axis` (of the tensor each rank holds, in its own
-side's layout), `group` (the parallel group; only `tp` now: the tensor-parallel group, every rank of the
-capture, as a capture records no other layout) and `interleave` (blocks per rank along the axis: Megatron's
-gated fc1 holds `[gate_r; up_r]` per rank, interleave 2, so the canonical `[gate; up]` is
-`[gate_0; gate_1; up_0; up_1]`; harness.sharding). Before anything is paired or mapped, each step of a
+side's layout), `group` (the parallel group: `tp` or `ep`, either one every rank of the capture, as a
+capture records no other layout) and `interleave` (blocks per rank along the axis: Megatron's gated fc1
+holds `[gate_r; up_r]` per rank, interleave 2, so the canonical `[gate; up]` is `[gate_0; gate_1; up_0;
+up_1]`; harness.sharding). Expert parallelism: `ragged: true` (with `axis`) lets the pieces differ in length
+(the tokens each rank's experts received); `reduce: sum` (no axis) says each rank holds a partial sum (a
+replicated weight's gradient from the rank's own tokens), added up; `local: e, per_rank: n` (no axis) says
+the entry's capture `{e}` is a rank's local expert index: rank r's tensor with e = l is the canonical tensor
+with e = r * n + l (the pattern with that number), filed under that name. Before anything is paired or mapped, each step of a
 tree of several ranks is put together in the canonical (one-rank) layout: a tensor a shard declares is
 assembled from the ranks' pieces; every other tensor is a replica, checked bit-identical on every rank (a
 replicas-differ finding otherwise). A split tensor that some rank holds digest-only cannot be assembled:
@@ -104,7 +108,7 @@ MAX_MAP_BYTES = 1 << 20
 Side = Literal["a", "b"]
 SIDES: tuple[Side, Side] = ("a", "b")
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
-PARALLEL_GROUPS = ("tp",)  # a capture records no parallel layout: its one group is its world, tensor parallel
+PARALLEL_GROUPS = ("tp", "ep")  # a capture records no parallel layout: either group is its whole world
 
 
 class MapError(XfalignError):
@@ -189,20 +193,48 @@ class _Strict(BaseModel):
 class Shard(_Strict):
     """How one side's tensor is split across the ranks of a parallel group (see the module's docstring)."""
 
-    axis: StrictInt
+    axis: StrictInt | None = None
     group: str = "tp"
     interleave: PositiveInt = 1
+    ragged: StrictBool = False
+    reduce: Literal["sum"] | None = None
+    local: str | None = None  # the capture of the entry's pattern that holds a rank's local expert index
+    per_rank: PositiveInt | None = None  # local experts per rank
 
     @field_validator("group")
     @classmethod
     def _known_group(cls, group: str) -> str:
         if group not in PARALLEL_GROUPS:
-            raise ValueError(f"group {group!r}: only tensor-parallel groups are assembled now "
+            raise ValueError(f"group {group!r}: only tensor- and expert-parallel groups are assembled now "
                              f"({', '.join(PARALLEL_GROUPS)}: every rank of the capture)")
         return group
 
-    def sharding(self) -> Sharding:
-        return Sharding(self.axis, self.interleave)
+    @model_validator(mode="after")
+    def _one_kind(self) -> Shard:
+        kinds = [k for k, given in (("axis", self.axis is not None), ("reduce", self.reduce is not None),
+                                    ("local", self.local is not None)) if given]
+        if len(kinds) != 1:
+            raise ValueError("give one of axis (split), reduce: sum (partial sums) or local (local experts), "
+                             f"not {' and '.join(kinds) or 'none'}")
+        if (self.local is None) != (self.per_rank is None):
+            raise ValueError("local and per_rank go together: the local expert capture and the experts per rank")
+        if self.axis is None and (self.ragged or self.interleave != 1):
+            raise ValueError("ragged and interleave describe a split on an axis: give axis")
+        if self.ragged and self.interleave != 1:
+            raise ValueError("ragged pieces are one block per rank (interleave 1)")
+        return self
+
+    def sharding(self, pattern: Pattern | None = None, values: dict[str, str] | None = None) -> Sharding:
+        """The Sharding of one tensor; for local experts, of the tensor `pattern` matched with `values`."""
+        if self.local is None:
+            return Sharding(self.axis, self.interleave, self.ragged, self.reduce)
+        assert pattern is not None and values is not None and self.per_rank is not None
+        key, per_rank, filled = self.local, self.per_rank, dict(values)
+        local = int(values[key])
+
+        def rename(rank: int) -> str:
+            return pattern.format({**filled, key: str(rank * per_rank + local)})
+        return Sharding(rename=rename)
 
 
 class _LayoutChecks(_Strict):
@@ -586,8 +618,15 @@ class TensorMap:
         hit = self._entry_hit(self._in_a_words(side, name), side)
         if hit is None:
             return None
-        shard = self.tensor_entries[hit[0]].shard.get(side)
-        return None if shard is None else shard.sharding()
+        entry = self.tensor_entries[hit[0]]
+        shard = entry.shard.get(side)
+        if shard is None:
+            return None
+        if shard.local is not None and not hit[2].get(shard.local, "").isdigit():
+            raise MapApplyError(f"{entry.where}: tensor {name}: shard.local names the capture {shard.local!r}, which "
+                                "does not hold a local expert index (a number) in it")
+        pattern = dict(entry.parts[side]).get(hit[1]) or entry.parts[side][0][1]
+        return shard.sharding(pattern, hit[2])
 
     def ignored(self, side: Side, name: str) -> bool:
         """Whether `name` of `side` has no counterpart on purpose: its role is that side's alone (roles), or it

@@ -84,8 +84,9 @@ def assemble_step(dumps: list[Dump], sharding_for: Callable[[str], Sharding | No
     """One capture step in the canonical layout from its ranks' dumps (rank order): a tensor `sharding_for`
     splits is put together from the pieces; every other one is a replica, rank 0's copy kept and the ranks
     whose bits (or, digest-only, digests) differ listed in meta `replicas_differ`. A split tensor some rank
-    holds digest-only cannot be put together: left out (`left_out`, with the reason). Rank 0's meta and
-    capture records otherwise (every rank records the same names)."""
+    holds digest-only cannot be put together: left out (`left_out`, with the reason). A tensor whose sharding
+    renames (local experts) is filed as each rank's own tensor under the name `rename(rank)`, digest-only
+    or not. Rank 0's meta and capture records otherwise (every rank records the same names)."""
     first, world = dumps[0], len(dumps)
     for rank, dump in enumerate(dumps[1:], 1):
         if dump.names != first.names:
@@ -98,9 +99,25 @@ def assemble_step(dumps: list[Dump], sharding_for: Callable[[str], Sharding | No
     differ: dict[str, list[int]] = {}
     shardings: dict[str, str] = {}
     left_out: dict[str, str] = {}
+    order: list[str] = []
     for name in first.names:
         sharding = sharding_for(name) or Sharding()
         digest_only = [rank for rank, dump in enumerate(dumps) if name not in dump.tensors]
+        if sharding.rename is not None:
+            for rank, dump in enumerate(dumps):
+                renamed = sharding.rename(rank)
+                if renamed in shardings:
+                    raise DumpError(f"{dump.directory}: tensor {name} of rank {rank} is renamed {renamed}, a name "
+                                    "another piece already has: the map's local expert numbering does not fit")
+                shardings[renamed] = sharding.describe()
+                if name in dump.tensors:
+                    tensors[renamed] = dump.tensors[name]
+                    if name in dump.stats:
+                        stats[renamed] = dump.stats[name]
+                else:
+                    unstored[renamed] = dump.unstored.get(name) or _entry_of(dump, name)
+                order.append(renamed)
+            continue
         if not sharding.replicated:
             shardings[name] = sharding.describe()
         if digest_only and not sharding.replicated:
@@ -120,9 +137,9 @@ def assemble_step(dumps: list[Dump], sharding_for: Callable[[str], Sharding | No
                 stats[name] = first.stats[name]
         if ranks:
             differ[name] = ranks
+        order.append(name)
     meta = {key: value for key, value in first.meta.items() if key != "tensors"}
     meta.update(world=world, shardings=shardings, replicas_differ=differ)
-    order = [name for name in first.names if name not in left_out]
     return AssembledDump(meta, tensors, unstored=unstored, stats=stats, order=order, directory=first.directory,
                          left_out=left_out)
 
