@@ -123,3 +123,28 @@ def test_runs_that_cannot_be_made_are_refused_in_one_line(run_parallel, capsys, 
     assert run_parallel.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.slow
+def test_ep2_moe_against_ep1_on_a_gpu(run_parallel, tmp_path):
+    """The MoE layer needs CUDA: EP=2 over gloo (both ranks may share one GPU) against EP=1. The experts'
+    weights are filed under their global numbers, the layer's input cut by token blocks, and where the routing
+    map is the same every expert receives EP=1's tokens in EP=1's order (the map's ragged join)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("megatron-core's MoE layer needs CUDA")
+    from harness.capture.mapping import load_map
+    from harness.store.tree import read_tree
+
+    args = argparse.Namespace(layer="moe", size=2, backend="gloo", device="cuda", dtype="fp32", seq=8, batch=2,
+                              repeat=1, deterministic="off", bench=False, out=tmp_path, **DIMS)
+    comparison = run_parallel.run(args)["comparisons"][0]
+    ep1 = read_tree(tmp_path / "run-0" / "ep1" / "full").step(0)
+    ep2 = run_parallel.assembled(tmp_path / "run-0" / "ep2" / "full", "b", load_map(run_parallel.MAPS["moe"]))
+    assert ep2.meta["replicas_differ"] == {} and ep2.left_out == {} and sorted(ep2.names) == sorted(ep1.names)
+    for name in [n for n in ep1.names if ":param." in n] + ["(root)#0:input.0", "router#0:input.0"]:
+        assert ep2.tensors[name].tobytes() == ep1.tensors[name].tobytes(), name
+    if "router#0:output.1" not in comparison["differ"]:  # the same routing: the same tokens to each expert
+        assert "experts#0:input.0" not in comparison["differ"]
+        assert not any(name.startswith("experts.local_experts.") and name.endswith(":input.0")
+                       for name in comparison["differ"])
