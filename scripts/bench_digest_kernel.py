@@ -46,6 +46,7 @@ def device_seconds(fn, repeat: int) -> float:
 
 def fast64_of(tensor, kernel: str) -> str:
     os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = kernel
+    triton_digest.forget_route()  # read again at the next digest, not at the next step's
     try:
         pending = device_digest(tensor)
         pending.settle(TorchAdapter().fetch_digests([pending.values])()[0])
@@ -58,6 +59,7 @@ def grouped_step(tensors: list, grouped: bool) -> tuple[float, float, list[str]]
     """One step of digests of `tensors`, grouped or one launch each: milliseconds of GPU time, microseconds of
     CPU per tensor (device_digest of each and fetch_digests), the fast64s."""
     os.environ["XFALIGN_DIGEST_GROUP_BYTES"] = str(1 << 40 if grouped else 0)
+    triton_digest.forget_route()
     adapter = TorchAdapter()
     torch.cuda.synchronize()
     torch.cuda._sleep(50_000_000)

@@ -97,6 +97,7 @@ def use(path: str) -> None:
         os.environ.pop("XFALIGN_DIGEST_GROUP_BYTES", None)
     else:
         os.environ["XFALIGN_DIGEST_GROUP_BYTES"] = group
+    triton_digest.forget_route()  # read again at the next digest, not at the next step's
 
 
 def digests(cases: list, path: str, adapter: TorchAdapter) -> list[dict]:

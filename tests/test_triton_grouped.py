@@ -197,6 +197,7 @@ def _device_step(torch, grouped: bool, monkeypatch) -> list[dict]:
 
     monkeypatch.setenv("XFALIGN_DIGEST_GROUP_BYTES", str(triton_digest.GROUP_BYTES if grouped else 0))
     monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    triton_digest.forget_route()  # read at a step's first digest
     pending = [device_digest(tensor) for _, tensor, _ in cases("cuda")]
     assert all(isinstance(p.values, triton_digest.GroupSlot) is grouped for p in pending)
     for work, row in zip(pending, TorchAdapter().fetch_digests([p.values for p in pending])(), strict=True):
@@ -242,6 +243,7 @@ def test_grouped_digest_is_of_the_tensor_as_it_was_when_digested(torch, monkeypa
         pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
     monkeypatch.delenv("XFALIGN_DIGEST_GROUP_BYTES", raising=False)
     monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    triton_digest.forget_route()
     tensors = [torch.randn(n, device="cuda") for n in (1000, 3, 70000)]
     expected = [fast64(t.cpu().numpy()) for t in tensors]
     side = torch.cuda.Stream()

@@ -298,17 +298,17 @@ class TorchAdapter(FrameworkAdapter):
         # after it on the stream the digests ran on has passed
         triton_digest.launch_groups(handles)
         by_device: dict = {}  # device -> (handle indices, (part, row) of each, the parts: 1-D, rows of SLOTS)
-        groups: dict = {}  # id(group) -> the index of its part (its handles, `out`) among its device's parts
+        blocks: dict = {}  # id of a block of grouped handles -> its index among its device's parts
         for index, handle in enumerate(handles):
             if type(handle) is triton_digest.GroupSlot:
                 group = handle.group
                 indices, at, parts = by_device.setdefault(group.device, ([], [], []))
-                start = groups.get(id(group))
-                if start is None:
-                    start = groups[id(group)] = len(parts)
-                    parts.append(group.out.view(-1))
+                part = blocks.get(id(group.block))
+                if part is None:  # the rows of the groups launched together, one after another
+                    part = blocks[id(group.block)] = len(parts)
+                    parts.append(group.block.view(-1))
                 indices.append(index)
-                at.append((start, handle.index))
+                at.append((part, group.row0 + handle.index))
             else:
                 indices, at, parts = by_device.setdefault(handle.device, ([], [], []))
                 indices.append(index)
@@ -422,6 +422,9 @@ _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary m
 
 def dtype_name_of(tensor) -> str | None:
     """The name (harness.dtypes) of the numpy dtype a torch tensor's bits become; None: none a dump holds."""
+    name = _DTYPES.get(tensor.dtype, False)  # per tensor digested: no import, one lookup, where known
+    if name is not False:
+        return name
     import torch
 
     if tensor.dtype not in _DTYPES:
@@ -474,20 +477,21 @@ def device_digest(tensor) -> PendingDigest:
     `fused_device_digest`) where triton is importable and the kernel reads the dtype, and a small one (at most
     triton_digest.group_bytes()) its grouped form (`grouped_device_digest`: one launch per dtype for the step's
     small tensors, at `fetch_digests`); the torch ops below with XFALIGN_FAST_DIGEST_KERNEL=torch (or without
-    triton)."""
-    import torch
-
+    triton). Those two variables are read at a step's first digest (triton_digest.route)."""
     name = dtype_name_of(tensor)
     if name is None:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
-    if tensor.is_cuda and triton_digest.kernel_choice() != "torch" and triton_digest.available(tensor) \
-            and triton_digest.supports(tensor):
-        nbytes = tensor.numel() * tensor.element_size()
-        # a small tensor copied into its group's arena, digested with the step's others in one launch; a larger
-        # one by a launch of its own (both detach the tensor themselves)
-        values = triton_digest.grouped_device_digest(tensor) if nbytes <= triton_digest.group_bytes() \
-            else triton_digest.fused_device_digest(tensor)
-        return PendingDigest(name, tuple(tensor.shape), nbytes, values)
+    if tensor.is_cuda:
+        kernels, limit = triton_digest.route()
+        if kernels and triton_digest.available(tensor) and triton_digest.supports(tensor):
+            nbytes = tensor.numel() * tensor.element_size()
+            # a small tensor copied into its group's arena, digested with the step's others in one launch; a
+            # larger one by a launch of its own (both detach the tensor themselves)
+            values = triton_digest.grouped_device_digest(tensor) if nbytes <= limit and limit \
+                else triton_digest.fused_device_digest(tensor)
+            return PendingDigest(name, tuple(tensor.shape), nbytes, values)
+    import torch
+
     detached = tensor.detach()
     values = detached.reshape(-1).to(torch.float64)
     s = block_sum(detached).reshape(1).view(torch.float64)

@@ -74,6 +74,7 @@ The float statistics are float64 sums in another order than numpy's: equal up to
 
 from __future__ import annotations
 
+import array
 import os
 from typing import Any, NamedTuple
 
@@ -292,15 +293,19 @@ def kernel_choice() -> str:
 
 # -- Small tensors, grouped (see the note, "Small tensors") ------------------------------------------------------
 
-GROUP_BYTES = 1 << 20  # tensors of at most this many bytes are grouped (XFALIGN_DIGEST_GROUP_BYTES; 0: none)
+GROUP_BYTES = 4 << 20  # tensors of at most this many bytes are grouped (XFALIGN_DIGEST_GROUP_BYTES; 0: none)
 ITEM_TILES = 8  # tiles (rows of LANES units: 2 KiB for 4 warps) per program of `grouped_digest`
 ARENA_BYTES = 16 << 20  # a group's first arena; doubled (up to MAX_ARENA_BYTES) when a step needs more
 MAX_ARENA_BYTES = 256 << 20
 SEARCH = 256  # segments `grouped_digest` compares at once to find a program's segment
+RAW_COPY = True  # copy a contiguous tensor into its arena by cudaMemcpyAsync itself (else torch's copy_)
 _ALIGN = 16  # bytes: each segment starts on a 16-byte boundary of the arena (vector loads, int64 units)
 _OPEN: dict[tuple, Group] = {}  # (device index, stream, dtype) -> the group that takes that key's small tensors
 _ARENA: dict[tuple, int] = {}  # the same key -> the arena's size in bytes that its groups start with
 _GROUP_META: dict[tuple, dict] = {}
+_ROUTE: list[tuple[bool, int]] = []  # (the Triton kernels, group_bytes()) read for this step (`route`)
+_MEMCPY: list[Any] = []  # [cudaMemcpyAsync of the CUDA runtime torch loaded, or None], looked up once
+_CUDA_CALLS: list[Any] = []  # `_cuda_calls`
 
 
 def group_bytes() -> int:
@@ -313,6 +318,47 @@ def group_bytes() -> int:
         return int(text)
     except ValueError:
         raise ValueError(f"XFALIGN_DIGEST_GROUP_BYTES={text!r}: not a whole number of bytes") from None
+
+
+def route() -> tuple[bool, int]:
+    """Whether the Triton kernels digest (kernel_choice() is not "torch") and group_bytes(): read at a step's
+    first digest and kept for the step (`launch_groups`, at its end, forgets them): reading the environment
+    costs about a microsecond per variable, per tensor otherwise. `forget_route` makes the next digest read it."""
+    if not _ROUTE:
+        _ROUTE.append((kernel_choice() != "torch", group_bytes()))
+    return _ROUTE[0]
+
+
+def forget_route() -> None:
+    _ROUTE.clear()
+
+
+def _memcpy() -> Any:
+    """cudaMemcpyAsync of the CUDA runtime that torch loaded (found among the process's mapped files), as a
+    ctypes function; None where there is no such library (a static runtime) or RAW_COPY is off."""
+    if not _MEMCPY:
+        _MEMCPY.append(_find_memcpy())
+    return _MEMCPY[0] if RAW_COPY else None
+
+
+def _find_memcpy() -> Any:
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split(None, 5)[5].strip() for line in maps
+                            if "libcudart.so" in line and len(line.split(None, 5)) == 6})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            function = ctypes.CDLL(path).cudaMemcpyAsync
+        except (OSError, AttributeError):
+            continue
+        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        function.restype = ctypes.c_int
+        return function
+    return None
 
 
 class GroupSlot:
@@ -338,66 +384,104 @@ class Group:
         import torch
 
         self.key, self.device, self.layout = key, tensor.device, layout
+        self.index, self.raw_stream = key[0], key[1]
         self.width = tensor.element_size()
         self.unit = 8 if self.width == 8 else 4
         self.align = _ALIGN // self.width
         self.item_units = ITEM_TILES * (16 // self.unit) * 32 * WARPS
-        self.stream = torch.cuda.current_stream(self.device) if tensor.is_cuda else None
+        self.stream: Any = torch.cuda.current_stream(self.device) if tensor.is_cuda else None
         self.capacity = capacity // self.width  # elements
         self.arena: Any = torch.empty(self.capacity, dtype=tensor.dtype, device=self.device)
+        self.base = self.arena.data_ptr()
+        self.memcpy = _memcpy() if tensor.is_cuda else None
         self.used = 0  # elements
-        self.rows: list[tuple[int, int, int, int]] = []  # per segment: first item, items, first unit, elements
+        self.rows = array.array("q")  # per segment: first item, items, first unit, elements
         self.items = 0
         self.largest = 0  # bytes of the largest segment: the factors V it needs
-        self.out: Any = None  # [segments, 8] float64 once launched
+        self.out: Any = None  # once launched: [segments, 8] float64, rows row0.. of `block`, the launch's handles
+        self.block: Any = None
+        self.row0 = 0
 
     def add(self, tensor, n: int) -> GroupSlot:
         """Copy the tensor (n elements) into the arena's next segment (room for it checked by the caller)."""
         start, nbytes = self.used, n * self.width
         if n:
-            if tensor.is_contiguous():
-                strides = tensor.stride()
+            memcpy = self.memcpy
+            # the raw copy where the stream is the current device's (a NULL stream means the current device's)
+            if memcpy is not None and tensor.is_contiguous() and _CUDA_CALLS[0]() == self.index:
+                error = memcpy(self.base + start * self.width, tensor.data_ptr(), nbytes, 3, self.raw_stream)  # D2D
+                if error:
+                    raise RuntimeError(f"cudaMemcpyAsync of a {tensor.dtype} tensor into the digest arena: error {error}")
             else:
-                strides, step = [], 1
-                for size in reversed(tensor.shape):
-                    strides.append(step)
-                    step *= size
-                strides.reverse()
-            self.arena.as_strided(tensor.shape, strides, start).copy_(tensor.detach())
+                self._copy(tensor, start)
         units = -(-nbytes // self.unit)
-        items = -(-units // self.item_units) or 1
-        self.rows.append((self.items, items, start * self.width // self.unit, n))
-        self.items += items
+        self.rows.extend((self.items, -(-units // self.item_units) or 1, start * self.width // self.unit, n))
+        self.items += -(-units // self.item_units) or 1
         self.used = start + -(-n // self.align) * self.align
-        self.largest = max(self.largest, nbytes)
-        return GroupSlot(self, len(self.rows) - 1)
+        if nbytes > self.largest:
+            self.largest = nbytes
+        return GroupSlot(self, len(self.rows) // 4 - 1)
 
-    def launch(self) -> None:
-        """`grouped_digest` over the segments, in the current stream (after the copies' stream, if another)."""
-        import numpy as np
-        import torch
-
-        if _OPEN.get(self.key) is self:
-            del _OPEN[self.key]
-        segments = len(self.rows)
-        columns = np.array(self.rows, dtype=np.int64).T
-        if self.stream is not None:
-            current = torch.cuda.current_stream(self.device)
-            if current != self.stream:  # the copies ran on the group's stream; the arena is read on this one
-                current.wait_stream(self.stream)
-                self.arena.record_stream(current)
-            host = torch.empty((4, segments), dtype=torch.int64, pin_memory=True)
-            host.numpy()[:] = columns
-            table = host.to(self.device, non_blocking=True)  # the pinned block is kept until the copy is done
+    def _copy(self, tensor, start: int) -> None:
+        """torch's copy_ into the segment, as C-order (any strides, any device guard)."""
+        if tensor.is_contiguous():
+            strides = tensor.stride()
         else:
-            table = torch.from_numpy(np.ascontiguousarray(columns))
-        work = torch.zeros(9 * segments + 7 * self.items, dtype=torch.float64, device=self.device)
-        _kernels()["grouped"][(self.items,)](
-            self.arena, table, device_table(self.device, "W", fast_hash.BLOCK),
-            device_table(self.device, "V", fast_hash.blocks_of(self.largest)), work, segments, self.items,
-            **_grouped_meta(self.arena.dtype, self.width, self.layout))
-        self.out = work[:8 * segments].view(segments, 8)
-        self.arena = None  # the arena goes back to torch's allocator (reused, in stream order)
+            strides, step = [], 1
+            for size in reversed(tensor.shape):
+                strides.append(step)
+                step *= size
+            strides.reverse()
+        # detached: a copy from a tensor that requires grad would put the arena into the autograd graph
+        self.arena.as_strided(tensor.shape, strides, start).copy_(tensor.detach() if tensor.requires_grad else tensor)
+
+
+def _launch_groups(groups: list[Group]) -> None:
+    """`grouped_digest` over each group's segments (groups of one device), in the current stream (after the
+    copies' stream, where another): one transfer of their tables from pinned memory, one buffer for their
+    handles (rows one after another, `block`) and partial rows; no zeroing (the tables carry the counters)."""
+    import numpy as np
+    import torch
+
+    device = groups[0].device
+    segments = [len(group.rows) // 4 for group in groups]
+    cuda = groups[0].stream is not None
+    # per group [5, segments] int64: first item, items, first unit, elements, arrivals; each group's table, handles
+    # and partial rows start on a 16-byte boundary (the kernel's pointer arguments specialise alike every step)
+    tables = [-(-5 * count // 2) * 2 for count in segments]
+    pinned = torch.zeros(sum(tables), dtype=torch.int64, pin_memory=cuda)
+    host = pinned.numpy()
+    at = 0
+    for group, count, size in zip(groups, segments, tables, strict=True):
+        host[at:at + 4 * count].reshape(4, count)[:] = np.frombuffer(group.rows, dtype=np.int64).reshape(count, 4).T
+        at += size
+    if cuda:
+        current = torch._C._cuda_getCurrentRawStream(groups[0].index)
+        for group in groups:
+            if group.raw_stream != current:  # the copies ran on the group's stream; the arena is read on this one
+                stream = torch.cuda.current_stream(device)
+                stream.wait_stream(group.stream)
+                group.arena.record_stream(stream)
+        table = pinned.to(device, non_blocking=True)  # the pinned block is kept until the copy is done
+    else:
+        table = pinned
+    rows = sum(segments)
+    partials = [-(-7 * group.items // 2) * 2 for group in groups]
+    work = torch.empty(8 * rows + sum(partials), dtype=torch.float64, device=device)
+    block = work[:8 * rows].view(rows, 8)
+    kernel = _kernels()["grouped"]
+    weights = device_table(device, "W", fast_hash.BLOCK)
+    at = row = 0
+    parts = 8 * rows
+    for group, count, size, partial in zip(groups, segments, tables, partials, strict=True):
+        factors = device_table(device, "V", fast_hash.blocks_of(group.largest))
+        kernel[(group.items,)](group.arena, table[at:], weights, factors, work[8 * row:], work[parts:], count, group.items,
+                               **_grouped_meta(group.arena.dtype, group.width, group.layout))
+        group.out, group.block, group.row0 = block[row:row + count], block, row
+        group.arena = None  # back to torch's allocator (reused, in stream order, by the next step's arena)
+        at += size
+        row += count
+        parts += partial
 
 
 def _grouped_meta(dtype, width: int, layout: tuple[int, bool, bool]) -> dict:
@@ -417,26 +501,44 @@ def grouped_device_digest(tensor) -> GroupSlot:
     """The handle of a small tensor's digest (`fused_device_digest`'s values, computed with the other small
     tensors of its dtype, device and stream by one launch of `grouped_digest` at the step's end: `launch_groups`).
     The tensor is copied into its group's arena now, in stream order. ValueError for a dtype it does not read."""
-    import torch
-
     layout = _layout(tensor)
     if layout is None:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
     index = tensor.get_device()
-    key = (index, torch._C._cuda_getCurrentRawStream(index) if index >= 0 else 0, tensor.dtype)
+    key = (index, (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0, tensor.dtype)
     group = _OPEN.get(key)
     n = tensor.numel()
     if group is None or group.used + n > group.capacity:
-        if group is not None:  # full: launched now, and the next group's arena twice as large
-            group.launch()
+        if group is not None:  # full: launched now, and the key's next arena twice as large
+            del _OPEN[key]
+            _launch_groups([group])
             _ARENA[key] = min(2 * _ARENA.get(key, ARENA_BYTES), MAX_ARENA_BYTES)
         group = Group(key, tensor, layout, max(_ARENA.get(key, ARENA_BYTES), n * tensor.element_size()))
         _OPEN[key] = group
     return group.add(tensor, n)
 
 
+def _cuda_calls() -> list:
+    """_CUDA_CALLS: torch's current device and current raw stream (of a device), looked up once (the imports
+    and attribute lookups cost more than the calls)."""
+    import torch
+
+    _CUDA_CALLS[:] = [torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream]
+    return _CUDA_CALLS
+
+
 def launch_groups(handles: list) -> None:
-    """Launch the groups of the grouped handles among `handles` not launched yet (before their values are read)."""
+    """Launch the groups of the grouped handles among `handles` not launched yet (before their values are read),
+    those of a device together (`_launch_groups`); and forget the step's `route`."""
+    _ROUTE.clear()
+    waiting: dict[int, Group] = {}
     for handle in handles:
         if type(handle) is GroupSlot and handle.group.out is None:
-            handle.group.launch()
+            waiting[id(handle.group)] = handle.group
+    by_device: dict[Any, list[Group]] = {}
+    for group in waiting.values():
+        if _OPEN.get(group.key) is group:
+            del _OPEN[group.key]
+        by_device.setdefault(group.device, []).append(group)
+    for groups in by_device.values():
+        _launch_groups(groups)

@@ -245,17 +245,17 @@ def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full
 
 
 @triton.jit(do_not_specialize=["segments", "items_total"])
-def grouped_digest(arena, table, weights, factors, work, segments, items_total,
+def grouped_digest(arena, table, weights, factors, out, parts, segments, items_total,
                    WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
                    IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
                    UNIT: tl.constexpr, REDUCE: tl.constexpr, SEARCH: tl.constexpr):
     # The digests of many small tensors of one dtype, copied one after another into `arena` (segments), in one
-    # launch (see harness.frameworks.triton_digest's note, "Small tensors"). table: int64 [4, segments], per
-    # segment its first item (program), its items, its first unit in the arena (16-byte aligned) and its
-    # elements. Item i of a segment of k items is `digest`'s program i of k on that segment alone (tile_pass with
-    # the segment's own sizes: the position weights restart at each segment), so each segment's S is its tensor's.
-    # work (float64, zeroed): [segments, 8] the handles, [segments] arrival counters (int32 in the low half),
-    # then the partial rows of every item: 4 x items_total float64 and 3 x items_total int64.
+    # launch (see harness.frameworks.triton_digest's note, "Small tensors"). table: int64 [5, segments], per
+    # segment its first item (program), its items, its first unit in the arena (16-byte aligned), its elements
+    # and its arrival counter (zero; counted in its low int32 half). Item i of a segment of k items is `digest`'s
+    # program i of k on that segment alone (tile_pass with the segment's own sizes: the position weights restart
+    # at each segment), so each segment's S is its tensor's. out: [segments, 8] float64, the handles; parts: the
+    # partial rows of every item, 4 x items_total float64 and 3 x items_total int64.
     if UNIT == 8:
         units = arena.to(tl.pointer_type(tl.int64), bitcast=True)
     else:
@@ -292,8 +292,8 @@ def grouped_digest(arena, table, weights, factors, work, segments, items_total,
             _, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad = tile_pass(
                 src, raw, weights, factors, n, n_full, nbytes, groups, full_tiles, tail_tiles, item, programs,
                 WIDTH, KIND, EPU, VALUE64, IS_FLOAT, ROWS, LANES, UNITS_PER_BLOCK, WIDTH < 4, False, False, True)
-    part_f = work + 9 * segments  # [4, items_total] float64: sum, squares, min, max
-    part_i = (work + 9 * segments + 4 * items_total).to(tl.pointer_type(tl.int64), bitcast=True)  # [3, items_total]
+    part_f = parts  # [4, items_total] float64: sum, squares, min, max
+    part_i = (parts + 4 * items_total).to(tl.pointer_type(tl.int64), bitcast=True)  # [3, items_total]: s, nan, inf
     tl.store(part_f + pid, tl.sum(acc_sum, axis=0))
     tl.store(part_f + items_total + pid, tl.sum(acc_sq, axis=0))
     tl.store(part_f + 2 * items_total + pid, tl.min(acc_min, axis=0).to(tl.float64))
@@ -303,7 +303,7 @@ def grouped_digest(arena, table, weights, factors, work, segments, items_total,
     tl.store(part_i + items_total + pid, nan)
     tl.store(part_i + 2 * items_total + pid, tl.sum(acc_bad.to(tl.int64), axis=0) - nan)
     tl.debug_barrier()  # every thread's stores before the arrival is counted (the atomic releases them)
-    counters = (work + 8 * segments).to(tl.pointer_type(tl.int32), bitcast=True)
+    counters = (table + 4 * segments).to(tl.pointer_type(tl.int32), bitcast=True)
     arrived = tl.atomic_add(counters + 2 * seg, 1, sem="acq_rel")
     if arrived == programs - 1:  # the segment's last item to finish: its rows into its handle
         r = tl.arange(0, REDUCE)
@@ -327,12 +327,12 @@ def grouped_digest(arena, table, weights, factors, work, segments, items_total,
             r_s += tl.load(part_i + row, mask=used, other=0, volatile=True)
             r_nan += tl.load(part_i + items_total + row, mask=used, other=0, volatile=True)
             r_inf += tl.load(part_i + 2 * items_total + row, mask=used, other=0, volatile=True)
-        out = work + 8 * seg
-        tl.store(out + 0, tl.sum(r_sum, axis=0))
-        tl.store(out + 1, tl.sum(r_sq, axis=0))
-        tl.store(out + 2, tl.min(r_min, axis=0))
-        tl.store(out + 3, tl.max(r_max, axis=0))
-        tl.store(out + 4, n.to(tl.float64))
-        tl.store(out + 5, tl.sum(r_nan, axis=0).to(tl.float64))
-        tl.store(out + 6, tl.sum(r_inf, axis=0).to(tl.float64))
-        tl.store(out + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))
+        handle = out + 8 * seg
+        tl.store(handle + 0, tl.sum(r_sum, axis=0))
+        tl.store(handle + 1, tl.sum(r_sq, axis=0))
+        tl.store(handle + 2, tl.min(r_min, axis=0))
+        tl.store(handle + 3, tl.max(r_max, axis=0))
+        tl.store(handle + 4, n.to(tl.float64))
+        tl.store(handle + 5, tl.sum(r_nan, axis=0).to(tl.float64))
+        tl.store(handle + 6, tl.sum(r_inf, axis=0).to(tl.float64))
+        tl.store(handle + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))
