@@ -97,3 +97,23 @@ def test_the_manifest_is_not_rewritten_per_step_but_lists_every_step_on_flush(to
         model(torch.ones(3, 4)).sum().backward()
         optimizer.step()
     assert written == [0, 1, 4, 5]  # the end of the block lists the last step
+
+
+def test_a_writer_process_serves_the_next_capture_and_a_dead_one_is_replaced(torch, tmp_path):
+    model, _ = model_and_optimizer(torch)
+    pids = []
+
+    def one_step(name: str, kill: bool = False) -> None:
+        with capture(model, tmp_path / name, mode="digest", hash="fast", writer="process") as cap:
+            pids.append(cap._process._process.pid)
+            model(torch.ones(3, 4)).sum().backward()
+            if kill:
+                cap._process._process.kill()
+                cap._process._process.wait()
+
+    one_step("a")
+    with pytest.raises(CaptureWriteError, match="the writer process ended"):
+        one_step("b", kill=True)
+    one_step("c")
+    assert pids[0] == pids[1] != pids[2]  # started once for a and b (its imports take seconds); b's killed one replaced
+    assert [len(read_tree(tmp_path / name).steps) for name in ("a", "c")] == [1, 1]

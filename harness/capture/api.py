@@ -370,7 +370,7 @@ class Capture:
             self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="xfalign-capture")
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-capture-writer")
             if self._writes_in_process(device):
-                self._process = WriterProcess()
+                self._process = WriterProcess.take()
                 self._process.open(self._tree, self.context)
             for path, module in self.modules.items():
                 self._removers += self.adapter.hook_module(

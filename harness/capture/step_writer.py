@@ -8,17 +8,20 @@ payload's pickling and a pipe write (harness.capture.api: writer="process", the 
 
 The process is a fresh interpreter (`python -m harness.capture.step_writer`), not a fork of the training (CUDA,
 threads) nor a spawn that would re-run the training script. It talks over its stdin/stdout in pickled messages:
-("open", folder, manifest, staging, context) once, then ("step", payload) and ("list",) (the manifest rewritten)
-answered by None or the failure, then ("close",) answered the same way once the steps are durable. It ends at
-the end of its stdin (the training's process gone). The folder stays claimed (flocked) by the training's process.
+("open", folder, manifest, staging, context) once per capture, then ("step", payload) and ("list",) (the manifest
+rewritten) answered by None or the failure, then ("close",) answered the same way once the steps are durable; then
+it waits for the training process's next capture. It ends at the end of its stdin (the training's process gone).
+The folder stays claimed (flocked) by the training's process.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -92,10 +95,25 @@ def _send(stream: IO[bytes], message: Any) -> None:
     stream.flush()
 
 
+# Processes whose capture ended well, kept for this process's next capture: a process starts in 1-4 s (its imports:
+# ml_dtypes alone took 1.0-1.5 s on this project's CI machine), which a capture of a few steps would wait for at its end
+_IDLE: list[WriterProcess] = []
+_IDLE_LOCK = threading.Lock()
+
+
 class WriterProcess:
-    """The training's end of a writer process. `open` starts it (without waiting for its imports), `write` and
-    `close` wait for its answer: OSError (rebuilt from its errno and words) or WriterProcessError on failure.
-    Called by one thread at a time."""
+    """The training's end of a writer process. `take` gives an idle one or starts one (without waiting for its
+    imports); `write`, `list_steps` and `close` wait for its answer: OSError (rebuilt from its errno and words) or
+    WriterProcessError on failure. Called by one thread at a time."""
+
+    @classmethod
+    def take(cls) -> WriterProcess:
+        with _IDLE_LOCK:
+            while _IDLE:
+                idle = _IDLE.pop()
+                if idle._process.poll() is None:
+                    return idle
+        return cls()
 
     def __init__(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])  # where `harness` is, however it was imported
@@ -115,13 +133,25 @@ class WriterProcess:
         self._call(("list",))
 
     def close(self) -> None:
-        """The steps made durable, the process ended (a process that ended already: its failure, if any)."""
+        """The steps made durable; the process kept for this process's next capture, or ended if it failed (a
+        process that ended already: its failure)."""
         try:
             self._call(("close",))
-        finally:
-            for stream in (self._process.stdin, self._process.stdout):
-                if stream is not None:
-                    stream.close()
+        except BaseException:
+            self.end()
+            raise
+        with _IDLE_LOCK:
+            _IDLE.append(self)
+
+    def end(self) -> None:
+        """Close its stdin (it ends there) and wait for it."""
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None:
+                stream.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a write stuck in the kernel
+            self._process.kill()
             self._process.wait()
 
     def _call(self, message: tuple, answer: bool = True) -> None:
@@ -138,6 +168,14 @@ class WriterProcess:
         if kind == "os":
             raise OSError(*words)
         raise WriterProcessError(f"the writer process failed: {words}")
+
+
+@atexit.register
+def _end_idle() -> None:
+    with _IDLE_LOCK:
+        idle, _IDLE[:] = list(_IDLE), []
+    for process in idle:
+        process.end()
 
 
 def _failure(error: BaseException) -> tuple[str, Any]:
@@ -176,11 +214,11 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
                 assert tree is not None
                 tree.list_steps()
                 _send(outbox, None)
-            elif kind == "close":
+            elif kind == "close":  # the capture's end: this process waits for the next capture
                 if tree is not None:
                     tree.finish()
+                tree = context = None
                 _send(outbox, None)
-                return
         except Exception as error:  # noqa: BLE001 - answered to the training's process, which raises it
             if kind == "open":
                 broken = _failure(error)
