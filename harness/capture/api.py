@@ -18,7 +18,8 @@ starts moving those few scalars of every tensor to the host at once; no MD5 is r
 (tensors kept in full still get one). `step()` hands the step to a writer thread, which waits for that work
 and writes the step's dump while training goes on: the next `step()` waits for it (so at most one step is
 being written while the next is recorded), and so do `flush()` and the end of the `with` block, which raise
-a write's error (CaptureWriteError, naming the step and the folder).
+a write's error (CaptureWriteError, naming the step and the folder). With writer="process" the writer thread
+hands the step to a writer process (harness.capture.step_writer), which makes and writes the dump.
 
 The path is made absolute when the capture is made (training code may change its working directory). The
 tree is written by harness.store.tree.TreeWriter: an earlier tree of the same side at the path is kept until
@@ -267,7 +268,9 @@ class Capture:
         if writer == "process" and self.live is not None:
             raise CaptureError("capture: writer='process' cannot check a reference while it runs (reference=): "
                                "leave writer= out")
-        self.writer = writer
+        # "process": a writer thread's Python takes the training's GIL (on the H200 a thread spent ~12 ms per step of a
+        # TransformerLayer, mostly waiting for it). Not the default until measured there (see capture-guide.md)
+        self.writer = writer or "thread"
         self.on_divergence = on_divergence
         self.diverged: Divergence | None = None
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
@@ -334,15 +337,6 @@ class Capture:
         profile = NumericsProfile(name="unpinned", description="the training script's own process")
         return fingerprint.assemble(self.adapter, device, profile)
 
-    def _writes_in_process(self, device: str) -> bool:
-        """writer="process", or by default a digest capture of a model on a GPU (no reference checked): there the
-        host's time is the step's, and a writer thread's Python takes the training's GIL (issue: a thread spent
-        ~12 ms per step of a GPU TransformerLayer, mostly waiting for it). A full capture's arrays would cross
-        the pipe: written by the thread."""
-        if self.writer is not None:
-            return self.writer == "process"
-        return device == "cuda" and self.mode != "full" and self.live is None
-
     def __enter__(self) -> Capture:
         if self._tree is not None:
             raise CaptureError(f"capture {self.folder}: this capture is active already (its `with` block has not "
@@ -369,7 +363,7 @@ class Capture:
             self._tensor = self.adapter.tensor_type()
             self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="xfalign-capture")
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-capture-writer")
-            if self._writes_in_process(device):
+            if self.writer == "process":
                 self._process = WriterProcess.take()
                 self._process.open(self._tree, self.context)
             for path, module in self.modules.items():
@@ -794,8 +788,7 @@ def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[
     (harness.capture.live), through `map` (a map file or TensorMap: this capture is side B); the first step that
     differs is written in full, and on_divergence="stop" then raises CaptureDiverged, "continue" goes on;
     writer: where each step's dump is made and written, "thread" (in this process) or "process" (a writer
-    process: harness.capture.step_writer); by default the process for a digest capture of a model on a GPU
-    without a reference, else the thread."""
+    process: harness.capture.step_writer, reused by this process's next capture); by default the thread."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
                    provenance=provenance, threads=threads, hash=hash, optimizer=optimizer, reference=reference,
                    map=map, on_divergence=on_divergence, writer=writer)

@@ -4,7 +4,7 @@ A capture hands each step to its writer thread. That thread waits for the step's
 writes the dump itself, or hands the step (a `StepPayload`: records, digest entries, the few arrays kept) to a
 writer process, which makes the meta, writes the step and the manifest, and answers. In the process, building
 and writing a step never holds the training process's GIL: what the training's process pays per step is the
-payload's pickling and a pipe write (harness.capture.api: writer="process", the default for a model on a GPU).
+payload's pickling and a pipe write (harness.capture.api: writer="process").
 
 The process is a fresh interpreter (`python -m harness.capture.step_writer`), not a fork of the training (CUDA,
 threads) nor a spawn that would re-run the training script. It talks over its stdin/stdout in pickled messages:
