@@ -157,12 +157,12 @@ class TreeBusyError(XfalignError):
 # the folders writers of this process are writing (an flock does the same across processes)
 _WRITING: set[Path] = set()
 _WRITING_LOCK = threading.Lock()
-# the names a tree holds: the manifest, step folders, and the hidden staging names of their atomic writes
 # the manifest is rewritten after a step at most this often (and after the first step, and on closing): replacing a
 # file costs a flush of its data on ext4 (auto_da_alloc): 0.3 ms on this project's CI machine when idle, 3.5 ms while
 # other processes wrote (docs/capture-guide.md), against a small model's step of 9-16 ms. A process killed meanwhile
 # leaves the steps of its last second written but not listed.
 MANIFEST_INTERVAL = 1.0  # seconds
+# the names a tree holds: the manifest, step folders, and the hidden staging names of their atomic writes
 _TREE_ENTRY = re.compile(r"^(capture\.json|step-\d+|\.(capture\.json|step-\d+)\..+)$")
 
 
