@@ -3,7 +3,7 @@ GPTModel without attention, torch AdamW over megatron-core's param groups, the c
 step without capture and with capture(mode="digest", hash="fast", optimizer=...) and the loss and grad norm
 recorded, each a run of the demo's steps, alternating, --rounds times; medians and ranges.
 
-    python3 scripts/bench_training_capture.py [--rounds 7] [--hidden 64 --ffn 64 --vocab 128 --layers 2 --seq 128 --batch 8]
+    python3 scripts/bench_training_capture.py [--rounds 7] [--writer thread|process] [--hidden 64 --ffn 64 --vocab 128 --layers 2 --seq 128 --batch 8]
 
 The demo's own sizes (the defaults) keep every float32 GEMM's inner dimension <= 192, where its bitwise Paddle
 variant can follow torch's MKL kernels; --hidden 512 --ffn 1024 --vocab 4096 --seq 512 --batch 8 is a step
@@ -30,12 +30,13 @@ from lm_setup import SIZES, batches  # noqa: E402
 from harness.capture import capture  # noqa: E402
 
 
-def seconds_per_step(sizes, captured: bool, folder: Path) -> float:
+def seconds_per_step(sizes, captured: bool, folder: Path, writer: str = "thread") -> float:
     trainer = M.Trainer(M.build_gpt(sizes))
     data = batches(sizes)
     start = time.perf_counter()
     if captured:
-        with capture(trainer.model, folder, mode="digest", hash="fast", optimizer=trainer.optimizer) as cap:
+        with capture(trainer.model, folder, mode="digest", hash="fast", optimizer=trainer.optimizer,
+                     writer=writer) as cap:
             M.train(trainer, data, on_loss=cap.loss, on_norm=cap.grad_norm)
     else:
         M.train(trainer, data)
@@ -45,6 +46,7 @@ def seconds_per_step(sizes, captured: bool, folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--writer", choices=("thread", "process"), default="thread", help="the capture's writer")
     for field in ("hidden", "ffn", "vocab", "layers", "seq", "batch", "steps"):
         parser.add_argument(f"--{field}", type=int, default=getattr(SIZES, field))
     args = parser.parse_args()
@@ -52,16 +54,16 @@ def main() -> None:
     times: dict[bool, list[float]] = {False: [], True: []}
     with M.megatron_group(), tempfile.TemporaryDirectory() as tmp:
         for captured in (False, True):  # warm-up
-            seconds_per_step(sizes, captured, Path(tmp) / "warm")
+            seconds_per_step(sizes, captured, Path(tmp) / "warm", args.writer)
         for round_ in range(args.rounds):
             for captured in ((False, True) if round_ % 2 == 0 else (True, False)):
-                times[captured].append(seconds_per_step(sizes, captured, Path(tmp) / f"r{round_}"))
+                times[captured].append(seconds_per_step(sizes, captured, Path(tmp) / f"r{round_}", args.writer))
     plain, captured = statistics.median(times[False]), statistics.median(times[True])
     print(f"demo GPTModel hidden {sizes.hidden}, ffn {sizes.ffn}, vocab {sizes.vocab}, layers {sizes.layers}, "
           f"{sizes.seq * sizes.batch} tokens, float32, {torch.get_num_threads()} torch threads; medians of {args.rounds} "
           f"runs of {sizes.steps} steps; load average {os.getloadavg()[0]:.2f}")
     print(f"  no capture             {plain * 1e3:8.1f} ms  (min {min(times[False]) * 1e3:.1f}, max {max(times[False]) * 1e3:.1f})")
-    print(f"  digest, fast, +optim.  {captured * 1e3:8.1f} ms  x{captured / plain:.2f} "
+    print(f"  digest, fast, +optim., writer {args.writer:<7} {captured * 1e3:8.1f} ms  x{captured / plain:.2f} "
           f"(min {min(times[True]) * 1e3:.1f}, max {max(times[True]) * 1e3:.1f})")
 
 
