@@ -3,7 +3,8 @@ GPTModel without attention, torch AdamW over megatron-core's param groups, the c
 step without capture and with capture(mode="digest", hash="fast", optimizer=...) and the loss and grad norm
 recorded, each a run of the demo's steps, alternating, --rounds times; medians and ranges.
 
-    python3 scripts/bench_training_capture.py [--rounds 7] [--writer thread|process] [--hidden 64 --ffn 64 --vocab 128 --layers 2 --seq 128 --batch 8]
+    python3 scripts/bench_training_capture.py [--rounds 7] [--writer thread|process]
+        [--hidden 64 --ffn 64 --vocab 128 --layers 2 --seq 128 --batch 8]
 
 The demo's own sizes (the defaults) keep every float32 GEMM's inner dimension <= 192, where its bitwise Paddle
 variant can follow torch's MKL kernels; --hidden 512 --ffn 1024 --vocab 4096 --seq 512 --batch 8 is a step

@@ -9,7 +9,6 @@ on the GPU.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import ml_dtypes
@@ -19,7 +18,7 @@ import pytest
 from harness.capture import capture
 from harness.cli import main
 from harness.dtypes import dtype_name
-from harness.store.fast_hash import BLOCK, PendingDigest, fast64
+from harness.store.fast_hash import BLOCK, PendingDigest, fast64, stats_mismatches
 from harness.store.stats import tensor_stats
 from harness.store.tree import read_tree
 
@@ -27,7 +26,6 @@ from harness.store.tree import read_tree
 pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("in_process_frameworks")]
 
 ROOT = Path(__file__).resolve().parent.parent
-STATS = ("min", "max", "mean", "norm", "nan", "inf")
 
 
 def arrays() -> dict[str, np.ndarray]:
@@ -89,16 +87,6 @@ def device_cases(torch) -> list[tuple[str, object, np.ndarray]]:
     return cases
 
 
-def _close(found, expected, dtype: str, scale: float = 0.0) -> bool:
-    """Within fast_hash.stats_tolerance relative, or of `scale` (sums in another order than numpy's)."""
-    from harness.store.fast_hash import stats_tolerance
-
-    if found is None or expected is None:
-        return found is expected
-    tolerance = stats_tolerance(dtype)
-    return math.isclose(found, expected, rel_tol=tolerance, abs_tol=max(1e-12, tolerance * scale))
-
-
 # The kernel's settings (harness.frameworks.triton_digest): the defaults; small tiles over a capped grid of
 # programs whose partial rows the last program combines in passes of 4.
 SETTINGS = {"default": {}, "many programs": {"ROWS": 2, "WARPS": 1, "SINGLE_PROGRAM_TILES": 1, "MAX_PROGRAMS": 9,
@@ -127,10 +115,8 @@ def test_fused_digest_kernel_equals_numpy_fast64_on_the_device(torch, setting, m
         if entry["fast64"] != expected:
             wrong.append(f"{label}: fast64 {entry['fast64']}, numpy {expected}")
         # a mean's sum may cancel (int64 extremes: 2**63 - 1 and -2**63): its error is relative to the largest value
-        largest = max(abs(stats["min"] or 0.0), abs(stats["max"] or 0.0))
-        for key in STATS:
-            if not _close(entry["stats"][key], stats[key], entry["dtype"], largest if key == "mean" else 0.0):
-                wrong.append(f"{label}: {key} {entry['stats'][key]}, numpy {stats[key]}")
+        for key in stats_mismatches(entry["stats"], stats, entry["dtype"]):
+            wrong.append(f"{label}: {key} {entry['stats'][key]}, numpy {stats[key]}")
     assert not wrong, f"{torch.cuda.get_device_name()}, settings {setting}:\n" + "\n".join(wrong)
 
 

@@ -17,18 +17,16 @@ Run as a script (what the subprocess does), this file prints one JSON line per t
 from __future__ import annotations
 
 import json
-import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_triton_digest import SITE, TRITON_NEEDED, _version, triton_used
+from test_triton_digest import interpreter_results
+
+from harness.store.fast_hash import stats_mismatches
 
 ROOT = Path(__file__).resolve().parent.parent
-STATS = ("min", "max", "mean", "norm", "nan", "inf")
 # settings of triton_digest for the interpreter's runs: the defaults; then every loop of the kernel in several
 # passes and every group launched early (a 4 KiB arena: most tensors fill it, and one is larger than it)
 SETTINGS = ({}, {"ITEM_TILES": 1, "REDUCE_ROWS": 4, "SEARCH": 4, "ARENA_BYTES": 4096, "ROWS": 2, "WARPS": 1})
@@ -131,42 +129,17 @@ def _run() -> None:
                               "elements": float(row[4]), "size": int(array.size), "groups": len(groups)}), flush=True)
 
 
-def _close(found, expected, dtype: str, largest: float) -> bool:
-    from harness.store.fast_hash import stats_tolerance
-
-    if found is None or expected is None:
-        return found is expected
-    tolerance = stats_tolerance(dtype)
-    return math.isclose(found, expected, rel_tol=tolerance, abs_tol=max(1e-12, tolerance * largest))
-
-
 def _check(result: dict) -> None:
     label = result["label"]
     assert result["fast64"] == result["expected"], label
     assert result["elements"] == result["size"], label
-    expected = result["expected_stats"]
-    largest = max(abs(expected["min"] or 0.0), abs(expected["max"] or 0.0))
-    for key in STATS:
-        assert _close(result["stats"][key], expected[key], result["dtype"], largest if key == "mean" else 0.0), \
-            (label, key, result)
+    assert not stats_mismatches(result["stats"], result["expected_stats"], result["dtype"]), (label, result)
 
 
 @pytest.mark.slow
 def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
-    version, where = triton_used()
-    if SITE:
-        assert (Path(SITE) / "triton").is_dir(), f"no triton in XFALIGN_TRITON_SITE={SITE}"
-    if version is None:
-        pytest.skip(where if not SITE else f"cannot read the version of the triton in {where}")
-    needed = ".".join(map(str, TRITON_NEEDED))
-    if _version(version) < TRITON_NEEDED:
-        pytest.skip(f"needs Triton >= {needed} for its interpreter; the one it would use is {version} ({where})")
-    path = ([SITE] if SITE else []) + [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
-    done = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(SETTINGS) * len(cases()), done.stdout[-4000:]
+    results = interpreter_results(__file__)
+    assert len(results) == len(SETTINGS) * len(cases()), results[-3:]
     for result in results:
         _check(result)
     dtypes = {result["dtype"] for result in results}

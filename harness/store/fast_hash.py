@@ -160,6 +160,27 @@ def stats_tolerance(dtype: str) -> float:
     return 1e-6 if dtype in ("bfloat16", "float16") else 1e-12
 
 
+STATS_KEYS = ("min", "max", "mean", "norm", "nan", "inf")
+
+
+def stats_mismatches(found: dict, expected: dict, dtype: str) -> list[str]:
+    """The statistics of a device digest (`found`) that are not numpy's (`expected`, harness.store.stats) within
+    `stats_tolerance`: relative, and for the mean of the largest magnitude too (a sum may cancel). None matches
+    only None; min, max and the counts match exactly within any tolerance."""
+    tolerance = stats_tolerance(dtype)
+    largest = max(abs(expected["min"] or 0.0), abs(expected["max"] or 0.0))
+    wrong = []
+    for key in STATS_KEYS:
+        a, b = found[key], expected[key]
+        if a is None or b is None:
+            close = a is b
+        else:
+            close = math.isclose(a, b, rel_tol=tolerance, abs_tol=max(1e-12, tolerance * (largest if key == "mean" else 0.0)))
+        if not close:
+            wrong.append(key)
+    return wrong
+
+
 def raw_bytes(array: np.ndarray) -> np.ndarray:
     """The array's C-order bytes as 1-D uint8 (no copy for a C-contiguous array)."""
     return unsigned_view(array).reshape(-1).view(np.uint8)
