@@ -5,6 +5,7 @@ plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
                                      [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full] [--optimizer]
+                                     [--writer thread|process]
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
 and "fast" (fast64 and the stats computed where the tensor lives, harness.store.fast_hash: on a GPU one
@@ -130,6 +131,7 @@ def make_optimizer(model: torch.nn.Module, device: str, dtype: torch.dtype):
 
 
 OPTIMIZER = None  # set by main() with --optimizer
+WRITER = "thread"  # set by main(): --writer
 
 
 def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cap=None) -> None:
@@ -160,7 +162,8 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: 
     if kernel:
         os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = kernel
     try:
-        with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_.split("-")[0], optimizer=OPTIMIZER) as cap:
+        with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_.split("-")[0], optimizer=OPTIMIZER,
+                     writer=WRITER) as cap:
             start = time.perf_counter()
             for _ in range(steps):
                 train_step(model, x, grad, cap)
@@ -191,7 +194,11 @@ def main() -> None:
                         help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA)")
     parser.add_argument("--no-full", action="store_true", help="leave out the full capture variant")
     parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every step, captured too")
+    parser.add_argument("--writer", choices=("thread", "process"), default="thread",
+                        help="the capture's writer (capture(writer=...)); a process is started once, in the warm-up")
     args = parser.parse_args()
+    global WRITER
+    WRITER = args.writer
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.compiler.set_stance("force_eager")
     torch.manual_seed(0)
@@ -217,6 +224,7 @@ def main() -> None:
     plain = statistics.median(times[None])
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
     optimizer = f", optimizer {type(OPTIMIZER).__name__}" if OPTIMIZER is not None else ""
+    optimizer += f", writer {WRITER}"
     print(f"megatron-core {args.model}{optimizer} hidden {args.hidden}, ffn {args.ffn}, tokens {args.tokens}, {args.dtype}, {args.device}, "
           f"{params:,} parameters, {where}; median of {args.rounds} rounds of {args.steps} steps")
     print(("no full capture; " if args.no_full else f"full capture writes {written / 2**20:.1f} MiB per step; ") +
