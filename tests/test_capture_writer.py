@@ -117,3 +117,12 @@ def test_a_writer_process_serves_the_next_capture_and_a_dead_one_is_replaced(tor
     one_step("c")
     assert pids[0] == pids[1] != pids[2]  # started once for a and b (its imports take seconds); b's killed one replaced
     assert [len(read_tree(tmp_path / name).steps) for name in ("a", "c")] == [1, 1]
+
+
+def test_ctrl_c_reaching_the_writer_process_does_not_end_it(torch, tmp_path):
+    model, _ = model_and_optimizer(torch)
+    with capture(model, tmp_path / "tree", mode="digest", hash="fast", writer="process") as cap:
+        cap.flush()  # the process has read its first message: its imports are done, its signal handling set
+        cap._process._process.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C does, to the process group
+        model(torch.ones(3, 4)).sum().backward()
+    assert cap._process is None and len(read_tree(tmp_path / "tree").steps) == 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -227,6 +228,9 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C in a terminal reaches the whole process group: the training's process decides what to do, and its
+    # capture's end still needs this process to finish the steps
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _inbox, _outbox = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the answers
     serve(_inbox, _outbox)
