@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +48,9 @@ class StepContext:
     modules: list[dict]  # ModuleInfo, as JSON data
     provenance: str | None
     environment: dict
+    # the capture section (CaptureInfo as JSON data, but its step) per distinct record structure: a training's steps
+    # repeat one, and validating ~100 records per step cost ~1 ms on the writer's thread (CI machine)
+    sections: dict[tuple, dict] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -73,17 +76,28 @@ def step_dump(context: StepContext, payload: StepPayload) -> Dump:
         norms = [entry["norm"] for entry in found if entry["norm"] is not None]
         tensors[name] = np.asarray(np.sqrt(np.sum(np.square(norms, dtype=np.float64))), dtype=np.float64)
         stats[name] = tensor_stats(tensors[name])
-    info = CaptureInfo.model_validate({
-        "step": payload.index, "mode": context.mode, "rank": context.rank, "world_size": context.world_size,
-        "root": context.root, "modules": context.modules,
-        "records": [Record.model_validate({"module": m, "call": c, "phase": p, "tensors": n})
-                    for m, c, p, n in payload.records]})
     meta = {"case": {}, "case_name": "capture", "side": context.side, "framework": context.framework,
             "impl": context.root, "provenance": context.provenance, "environment": context.environment, "inputs": {},
-            "capture": info.model_dump(mode="json")}
+            "capture": _capture_section(context, payload)}
     if payload.note is not None:
         meta["notes"] = {"capture": payload.note}
     return Dump(meta, tensors, unstored=unstored, stats=stats, order=payload.order)
+
+
+def _capture_section(context: StepContext, payload: StepPayload) -> dict:
+    """The meta's `capture` section, validated (CaptureInfo) once per distinct record structure."""
+    key = tuple((module, call, phase, tuple(names)) for module, call, phase, names in payload.records)
+    section = context.sections.get(key)
+    if section is None:
+        info = CaptureInfo.model_validate({
+            "step": 0, "mode": context.mode, "rank": context.rank, "world_size": context.world_size,
+            "root": context.root, "modules": context.modules,
+            "records": [Record.model_validate({"module": m, "call": c, "phase": p, "tensors": n})
+                        for m, c, p, n in payload.records]})
+        if len(context.sections) >= 16:  # structures that keep changing: keep a few
+            context.sections.clear()
+        section = context.sections[key] = info.model_dump(mode="json")
+    return dict(section, step=payload.index)  # its lists shared between steps' metas: read, never changed
 
 
 class WriterProcessError(RuntimeError):

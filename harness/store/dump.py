@@ -97,7 +97,7 @@ def meta_text(meta: dict) -> str:
     for key in sorted(meta):
         value = meta[key]
         if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
-            items = ",\n  ".join(_json(item) for item in value)
+            items = b",\n  ".join([_json_bytes(item) for item in value]).decode()
             lines.append(f" {_json(key)}: [\n  {items}\n ]")
         elif isinstance(value, dict) and any(isinstance(v, list) and v and isinstance(v[0], dict) for v in value.values()):
             lines.append(f" {_json(key)}: " + meta_text(value).rstrip("\n").replace("\n", "\n "))
@@ -106,25 +106,45 @@ def meta_text(meta: dict) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def _json(value: Any) -> str:
-    """`value` as compact JSON, keys sorted. orjson writes NaN and Inf as null, and refuses an integer past 64
-    bits: those values are written by json instead, which keeps them."""
+_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+
+
+def _json_bytes(value: Any) -> bytes:
+    """`value` as compact JSON (UTF-8), keys sorted. orjson writes NaN and Inf as null, and refuses an integer past
+    64 bits: those values are written by json instead, which keeps them."""
     try:
-        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+        text = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except TypeError:
         text = None
     if text is None or (b"null" in text and _has_nonfinite(value)):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return text.decode()
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return text
+
+
+def _json(value: Any) -> str:
+    return _json_bytes(value).decode()
 
 
 def _has_nonfinite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_nonfinite(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_nonfinite(item) for item in value)
+    """Whether a NaN or an infinity is anywhere in `value` (its dicts' values, lists and tuples)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is float:
+            if not math.isfinite(item):
+                return True
+        elif kind is dict:
+            pending.extend(item.values())
+        elif kind is list or kind is tuple:
+            pending.extend(item)
+        elif isinstance(item, float):  # a float subclass (numpy's float64)
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
     return False
 
 
