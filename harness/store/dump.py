@@ -130,15 +130,7 @@ def _has_nonfinite(value: Any) -> bool:
     pending = [value]
     while pending:
         item = pending.pop()
-        kind = type(item)
-        if kind is float:
-            if not math.isfinite(item):
-                return True
-        elif kind is dict:
-            pending.extend(item.values())
-        elif kind is list or kind is tuple:
-            pending.extend(item)
-        elif isinstance(item, float):  # a float subclass (numpy's float64)
+        if isinstance(item, float):  # numpy's float64 too
             if not math.isfinite(item):
                 return True
         elif isinstance(item, dict):
