@@ -438,16 +438,9 @@ class Group:
 
     def _copy(self, tensor, start: int) -> None:
         """torch's copy_ into the segment, as C-order (any strides, any device guard)."""
-        if tensor.is_contiguous():
-            strides = tensor.stride()
-        else:
-            strides, step = [], 1
-            for size in reversed(tensor.shape):
-                strides.append(step)
-                step *= size
-            strides.reverse()
+        segment = self.arena.narrow(0, start, tensor.numel()).view(tensor.shape)
         # detached: a copy from a tensor that requires grad would put the arena into the autograd graph
-        self.arena.as_strided(tensor.shape, strides, start).copy_(tensor.detach() if tensor.requires_grad else tensor)
+        segment.copy_(tensor.detach() if tensor.requires_grad else tensor)
 
 
 def _launch_groups(groups: list[Group]) -> None:
