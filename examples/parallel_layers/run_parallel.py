@@ -1,8 +1,9 @@
 """megatron-core layers at a parallel size N (TP=N for the TransformerLayer, EP=N for the MoE layer) against
 the same layer at size 1, from the same weights: captured per rank (digest and full), put together in the
 canonical layout through the map's shards, compared, the first divergence named and each differing tensor
-classed (where a leaf module's inputs and parameters are bitwise equal but its output is not, the module
-itself made the difference: an origin; else the difference was handed on from an earlier one).
+classed as `xfalign compare` classes it (harness.compare.origins: where a module's inputs and parameters are
+bitwise equal but its output is not, the module itself made the difference, an origin; else the difference was
+handed on from an earlier one).
 
     python3 examples/parallel_layers/run_parallel.py [--layer layer|moe] [--size 2] [--backend gloo|nccl]
         [--device cpu|cuda] [--dtype fp32|bf16] [--repeat 3] [--deterministic on|off] [--bench] [--out DIR]
@@ -203,29 +204,23 @@ def assembled(tree_path: Path, side: str, tensor_map):
 
 def compare_runs(one: Path, many: Path, tensor_map) -> dict:
     """Size 1 (A) against size N (B), in the canonical layout: the first divergence and, for each tensor that
-    differs, its differing elements, max ULP and whether its module made the difference (an origin)."""
+    differs, its differing elements, max ULP and whether its module made the difference (an origin:
+    harness.compare.origins, as `xfalign compare` marks it)."""
     from harness.compare.tree import compare_trees
-    from harness.store.tree_format import ROOT, TensorName
 
     comparison = compare_trees(one, many, tensor_map)
     results = {r.name: r.pair for step in comparison.steps for r in step.comparison.tensors}
+    origins = {name: origin for step in comparison.steps for name, origin in step.origins.items()}
     equal = {name for name, pair in results.items() if pair.bitwise}
-    modules = {parsed.module for parsed in map(TensorName.parse, results) if parsed is not None}
-    leaves = {m for m in modules if m != ROOT and not any(other.startswith(m + ".") for other in modules)}
     differ: dict[str, dict] = {}
     for name, pair in results.items():
         if name in equal:
             continue
-        parsed = TensorName.parse(name)
-        values = pair.values
-        entry = {"differing": None, "elements": None, "max_ulp": None, "origin": False}
+        values, origin = pair.values, origins.get(name)
+        entry = {"differing": None, "elements": None, "max_ulp": None, "origin": origin is not None and origin.origin,
+                 "module_type": origin and origin.module_type}
         if values is not None:
             entry.update(differing=values.stats.differing, elements=values.stats.elements, max_ulp=values.stats.max_ulp)
-        if parsed is not None and parsed.module in leaves and parsed.call is not None and parsed.role == "output":
-            ins = [n for n in results if n.startswith(f"{parsed.module}#{parsed.call}:input.")]
-            params = [n for n in results if n.startswith(f"{parsed.module}:param.")]
-            entry["origin"] = all(n in equal for n in ins + params) and bool(ins)
-            entry["module_type"] = _module_type(comparison, parsed.module)
         differ[name] = entry
     first = comparison.divergence
     step = assembled(many, "b", tensor_map)
@@ -233,14 +228,6 @@ def compare_runs(one: Path, many: Path, tensor_map) -> dict:
                                                            "type": first.module_type, "phase": first.phase},
             "compared": len(results), "bitwise": len(equal), "differ": differ,
             "replicas_differ": step.meta.get("replicas_differ", {}), "left_out": getattr(step, "left_out", {})}
-
-
-def _module_type(comparison, module: str) -> str | None:
-    for step in comparison.steps:
-        for record in step.records:
-            if record.module == module:
-                return record.type
-    return None
 
 
 def varying(runs: list[Path]) -> list[str]:

@@ -11,7 +11,8 @@ tensor is held bitwise). The result adds what a whole model needs: the records o
 each with its tensors' results (shown forward, loss, backward, then parameters, gradients and the optimizer
 step), the first divergent tensor with the module it belongs to (first in execution order:
 tree_format.PHASE_ORDER, then record order) and each step's loss (harness.compare.step_loss); the steps
-summed up as a trajectory are harness.compare.trajectory's.
+summed up as a trajectory are harness.compare.trajectory's. Each differing tensor is classed, once, as made by
+its module (an origin) or handed on from an earlier difference (inherited): harness.compare.origins.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from harness.case import ExpectSpec
 from harness.compare.case import CaseComparison, TensorResult, compare_dumps
 from harness.compare.expectations import Bitwise
 from harness.compare.findings import Finding, Missing
+from harness.compare.origins import Origin, classify
 from harness.compare.pairs import OneSidedPair
 from harness.compare.step_loss import StepLoss, step_loss
 from harness.errors import UsageError
@@ -109,10 +111,16 @@ class StepComparison:
     left_out: dict[str, str] = field(default_factory=dict)  # A name -> why the map could not make it from B
     loss_a: StepLoss | None = None  # the loss each side recorded (None: neither `(train):loss.0` nor a 0-d output)
     loss_b: StepLoss | None = None
+    origins: dict[str, Origin] = field(default_factory=dict)  # each differing tensor (both sides): origin or inherited
 
     @property
     def status(self) -> str:
         return self.comparison.status
+
+    @property
+    def inherited(self) -> int:
+        """Differing tensors that only hand on an earlier difference."""
+        return sum(not origin.origin for origin in self.origins.values())
 
 
 @dataclass
@@ -299,9 +307,10 @@ def compare_steps(label: str, dump_a: Dump, dump_b: Dump, expect: ExpectSpec | N
         records.append(RecordView(UNRECORDED, None, None, "", rest))
     table = sorted(records, key=lambda view: TABLE_ORDER.get(view.phase, len(TABLE_ORDER)))
     divergence = _first_divergence(label, records, types, set(left_out))
-    return StepComparison(label, comparison, table, info.modules if info else [], info.root if info else "",
+    modules = info.modules if info else []
+    return StepComparison(label, comparison, table, modules, info.root if info else "",
                           divergence, dict(getattr(dump_b, "sources", {})), dict(left_out),
-                          step_loss(dump_a), step_loss(dump_b))
+                          step_loss(dump_a), step_loss(dump_b), classify(records, modules, types, set(left_out)))
 
 
 def _capture_info(dump: Dump) -> CaptureInfo | None:

@@ -14,7 +14,6 @@ from harness.compare.tree import StepComparison, TreeComparison
 from harness.gate import GateResult, TreeGateResult
 from harness.reports.text import (
     CODE_CHANGED,
-    FIRST_DIVERGENT_MARK,
     GATE_LABELS,
     INPUTS_CHANGED,
     TABLE_COLUMNS,
@@ -44,6 +43,7 @@ from harness.reports.text import (
     nondeterministic_text,
     note_text,
     obtained_text,
+    origins_text,
     phase_text,
     reference_text,
     side_dumped_text,
@@ -53,6 +53,7 @@ from harness.reports.text import (
     status_label,
     step_divergence_text,
     step_summary_text,
+    tensor_mark_text,
     to_exact_text,
     trajectory_text,
     tree_gate_pass_text,
@@ -182,7 +183,7 @@ def step_table(step: StepComparison) -> Table:
         for index, result in enumerate(view.tensors):
             pair = result.pair
             head = (view.module, call_text(view.call), phase_text(view.phase)) if index == 0 else ("", "", "")
-            name = slot_text(pair.name, view.module) + (FIRST_DIVERGENT_MARK if pair.name == first else "")
+            name = slot_text(pair.name, view.module) + tensor_mark_text(pair.name == first, step.origins.get(pair.name))
             cells = [*head, Text(name, "bold red" if pair.name == first else ""),
                      str(list(pair.digest.shape)), dtype_text(pair),
                      hash_text(pair.a), hash_text(pair.b),
@@ -212,6 +213,9 @@ def trajectory_table(trajectory: Trajectory) -> Table:
 
 def _print_step(step: StepComparison, console: Console) -> None:
     console.print(step_table(step))
+    origins = origins_text(step)
+    if origins:
+        _plain(console, f"  {origins}")
     lines = findings_lines([finding for result in step.comparison.failing for finding in result.failures])
     for line in lines[:MAX_FAILURE_LINES]:
         _plain(console, f"  * {line}")

@@ -36,6 +36,7 @@ from harness.fingerprint import label as field_label
 
 if TYPE_CHECKING:
     from harness.compare.case import CaseComparison, SideInfo, TensorResult
+    from harness.compare.origins import Origin
     from harness.compare.pairs import Pair
     from harness.compare.replay import ExactOutput, ExactReplay
     from harness.compare.step_loss import StepLoss
@@ -438,7 +439,13 @@ TREE_COLUMNS = ("module", "call", "phase", "tensor", "shape", "dtype", "md5 A", 
                 "max abs", "expect", "holds")
 PHASE_LABELS = {"params": "params (start)", "forward": "forward", "loss": "loss", "backward": "backward",
                 "grads": "grads (end)", "optimizer": "optimizer (step)", "": "-"}
-FIRST_DIVERGENT_MARK = " <- first divergent"  # after the tensor's name in the terminal's table
+ORIGIN_LABEL = "origin"  # a differing tensor its own module made (harness.compare.origins)
+INHERITED_LABEL = "inherited"
+ORIGIN_RULES = {"inputs": "its inputs and parameters are bitwise equal",
+                "backward": "the module's inputs, outputs, parameters and the gradients arriving at its outputs are "
+                            "bitwise equal",
+                "first": "nothing recorded earlier in the step differs"}
+MAX_ORIGIN_NAMES = 5  # origins named in a step's summary line (every one is marked in the table, JSON and HTML)
 def tree_side_text(label: str, side: TreeSide) -> str:
     """A capture tree in one line: `A megatron (megatron): MLP, 3 steps, mode digest, at dumps/megatron`."""
     ranks = f", ranks {', '.join(map(str, side.ranks))}" if side.ranks else ""
@@ -482,6 +489,36 @@ def divergence_text(divergence: Divergence | None, uncompared: int = 0) -> str:
     kind = f" ({divergence.module_type})" if divergence.module_type else ""
     return (f"first divergent tensor: {divergence.name} in {divergence.step}, module {divergence.module}{kind}, "
             f"{phase_text(divergence.phase)}")
+
+
+def tensor_mark_text(first_divergent: bool, origin: Origin | None) -> str:
+    """After a tensor's name in a table: ` <- first divergent, origin (Linear)`, either, or ""."""
+    marks = ["first divergent"] if first_divergent else []
+    if origin is not None and origin.origin:
+        marks.append(ORIGIN_LABEL + (f" ({origin.module_type})" if origin.module_type else ""))
+    return f" <- {', '.join(marks)}" if marks else ""
+
+
+def origin_text(name: str, origin: Origin) -> str:
+    """Why a tensor is an origin: `act#0:output.0 (GELU, forward): its inputs and parameters are bitwise equal`."""
+    kind = f"{origin.module_type}, " if origin.module_type else ""
+    return f"{name} ({kind}{phase_text(origin.phase)}): {ORIGIN_RULES.get(origin.rule, origin.rule)}"
+
+
+def origins_text(step: StepComparison) -> str | None:
+    """A step's differing tensors, classed: which modules made a difference, how many only hand one on; None
+    where nothing differs."""
+    if not step.origins:
+        return None
+    made = [name for name, origin in step.origins.items() if origin.origin]
+    count = step.inherited
+    inherited = (f"{count} differing tensor{'' if count == 1 else 's'} {INHERITED_LABEL} (handed on from an origin, "
+                 "or from the step's parameters or inputs)")
+    if not made:
+        return f"no module made a difference in {step.label}: {inherited}"
+    named = "; ".join(origin_text(name, step.origins[name]) for name in made[:MAX_ORIGIN_NAMES])
+    more = f" and {len(made) - MAX_ORIGIN_NAMES} more" if len(made) > MAX_ORIGIN_NAMES else ""
+    return f"{len(made)} {ORIGIN_LABEL}{'' if len(made) == 1 else 's'} in {step.label}: {named}{more}; {inherited}"
 
 
 def step_summary_text(step: StepComparison) -> str:
