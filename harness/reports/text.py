@@ -491,11 +491,16 @@ def divergence_text(divergence: Divergence | None, uncompared: int = 0) -> str:
             f"{phase_text(divergence.phase)}")
 
 
+def origin_label_text(origin: Origin) -> str:
+    """`origin (Linear)`: a tensor its module made (the HTML report's badge)."""
+    return ORIGIN_LABEL + (f" ({origin.module_type})" if origin.module_type else "")
+
+
 def tensor_mark_text(first_divergent: bool, origin: Origin | None) -> str:
     """After a tensor's name in a table: ` <- first divergent, origin (Linear)`, either, or ""."""
     marks = ["first divergent"] if first_divergent else []
     if origin is not None and origin.origin:
-        marks.append(ORIGIN_LABEL + (f" ({origin.module_type})" if origin.module_type else ""))
+        marks.append(origin_label_text(origin))
     return f" <- {', '.join(marks)}" if marks else ""
 
 
