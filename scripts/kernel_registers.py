@@ -33,7 +33,8 @@ def registers(width: int, kind: int, pointer: str, arch: int) -> int:
     grid = triton_digest.plan(1 << 30, width)
     meta = dict(WIDTH=width, KIND=kind, EPU=4 // width, VALUE64=False, IS_FLOAT=True, ROWS=grid["rows"],
                 LANES=grid["lanes"], UNITS_PER_BLOCK=grid["per_block"], PARTIAL=False, REDUCE=triton_digest.REDUCE_ROWS)
-    signature = {"src": pointer, "weights": "*i64", "factors": "*i64", "out": "*fp64", **dict.fromkeys(INTEGERS, "i64"),
+    signature = {"src": pointer, "weights": "*i64", "factors": "*i64", "out": "*fp64", "counters": "*i32",
+                 "counter": "i32", **dict.fromkeys(INTEGERS, "i64"),
                  **dict.fromkeys(meta, "constexpr")}
     compiled = triton.compile(ASTSource(fn=triton_kernels.digest, signature=signature, constexprs=meta),
                               target=GPUTarget("cuda", arch, 32), options={"num_warps": grid["warps"]})

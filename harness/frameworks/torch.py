@@ -327,7 +327,7 @@ class TorchAdapter(FrameworkAdapter):
                 continue
             host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
             host.copy_(stacked, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)  # its waiter sleeps: a spin would burn a core for the whole step
             done.record(torch.cuda.current_stream(device))
             moves.append((indices, rows_at, host, done))
 

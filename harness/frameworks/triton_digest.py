@@ -31,10 +31,11 @@ in a grid-stride loop over the tiles; up to SINGLE_PROGRAM_TILES tiles, one prog
 its row of partials into the output buffer and counts its arrival with an atomic add; the program that
 arrives last combines the rows into the handle (no second kernel).
 
-The output buffer (float64, zeroed): [0, 8) the handle, [8] the arrival counter (int32), then the partial rows,
-4 x programs float64 (sum, squares, min, max) and 3 x programs int64 (S, NaN, NaN-or-Inf).
+The output buffer (float64, not zeroed): [0, 8) the handle, then the partial rows, 4 x programs float64 (sum,
+squares, min, max) and 3 x programs int64 (S, NaN, NaN-or-Inf). The arrival counter is one of a ring kept per
+device (`_next_counter`), which the last program sets back to zero.
 
-Small tensors. A launch costs the CPU tens of microseconds (Triton's launcher, the plan, the zeroed buffer),
+Small tensors. A launch costs the CPU tens of microseconds (Triton's launcher, the plan, the output buffer),
 whatever the tensor's size, and a step has many small tensors (biases, norms' weights, small activations, their
 gradients). So a tensor of at most group_bytes() (GROUP_BYTES, XFALIGN_DIGEST_GROUP_BYTES; 0 turns grouping off;
 read with XFALIGN_FAST_DIGEST_KERNEL once per step: `route`) is not digested at once: `grouped_device_digest`
@@ -290,13 +291,34 @@ def fused_device_digest(tensor) -> Any:
     if flat.data_ptr() % 4:  # int32 words need 4-byte aligned memory
         flat = flat.clone()
     launch = _launch(flat, layout)
-    out = torch.zeros(9 + 7 * launch.programs, dtype=torch.float64, device=flat.device)
-    compiled = kernel[(launch.programs,)](flat, launch.weights, launch.factors, out, *launch.args, **launch.meta)
+    out = torch.empty(8 + 7 * launch.programs, dtype=torch.float64, device=flat.device)
+    counters, counter = _next_counter(flat.device)
+    compiled = kernel[(launch.programs,)](flat, launch.weights, launch.factors, out, counters, counter, *launch.args,
+                                          **launch.meta)
     if launch.resident_key not in _RESIDENT:
         resident = _resident(compiled, launch.meta["num_warps"])
         if resident:
             _RESIDENT[launch.resident_key] = resident
     return out[:len(fast_hash.SLOTS)]
+
+
+COUNTERS = 1 << 16  # arrival counters per device, taken in turn by `digest`'s launches
+_COUNTERS: dict[Any, list] = {}  # device -> [its int32 counters (zero between launches), the next one's index]
+
+
+def _next_counter(device) -> tuple[Any, int]:
+    """The counters of `device` and the index of the next launch's. The launch's last program sets its counter
+    back to zero, so no buffer is zeroed per launch (a second kernel per digest, which a 64 MiB tensor's read at
+    the bandwidth, ~15 us, cannot hide). A counter is taken again only COUNTERS launches later: the launches
+    still queued on the device are far fewer."""
+    import torch
+
+    ring = _COUNTERS.get(device)
+    if ring is None:
+        ring = _COUNTERS[device] = [torch.zeros(COUNTERS, dtype=torch.int32, device=device), 0]
+    index = ring[1]
+    ring[1] = (index + 1) % COUNTERS
+    return ring[0], index
 
 
 def kernel_choice() -> str:

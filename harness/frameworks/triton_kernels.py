@@ -172,8 +172,8 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                     x, index, n, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad, phase, WIDTH, KIND, EPU, IS_FLOAT, FAST)
     return acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad
 
-@triton.jit(do_not_specialize=["n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles"])
-def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full_tiles, tail_tiles,
+@triton.jit(do_not_specialize=["counter", "n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles"])
+def digest(src, weights, factors, out, counters, counter, n, n_full, n_blocks, nbytes, groups, full_tiles, tail_tiles,
            WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
            IS_FLOAT: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, UNITS_PER_BLOCK: tl.constexpr,
            PARTIAL: tl.constexpr, REDUCE: tl.constexpr):
@@ -204,8 +204,8 @@ def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full
     nan = tl.sum(acc_nan.to(tl.int64), axis=0)
     inf = tl.sum(acc_bad.to(tl.int64), axis=0) - nan
     # this program's row of partials; the last program to finish combines every row into the handle
-    part_f = out + 9  # [4, programs] float64: sum, squares, min, max
-    part_i = (out + 9 + 4 * programs).to(tl.pointer_type(tl.int64), bitcast=True)  # [3, programs]: s, nan, inf
+    part_f = out + 8  # [4, programs] float64: sum, squares, min, max
+    part_i = (out + 8 + 4 * programs).to(tl.pointer_type(tl.int64), bitcast=True)  # [3, programs]: s, nan, inf
     tl.store(part_f + pid, total)
     tl.store(part_f + programs + pid, squares)
     tl.store(part_f + 2 * programs + pid, low_value)
@@ -214,8 +214,9 @@ def digest(src, weights, factors, out, n, n_full, n_blocks, nbytes, groups, full
     tl.store(part_i + programs + pid, nan)
     tl.store(part_i + 2 * programs + pid, inf)
     tl.debug_barrier()  # every thread's stores before the arrival is counted (the atomic releases them)
-    arrived = tl.atomic_add((out + 8).to(tl.pointer_type(tl.int32), bitcast=True), 1, sem="acq_rel")
+    arrived = tl.atomic_add(counters + counter, 1, sem="acq_rel")
     if arrived == programs - 1:
+        tl.store(counters + counter, 0)  # every program has arrived: the counter is free for a later launch
         r = tl.arange(0, REDUCE)
         r_sum = tl.zeros([REDUCE], dtype=tl.float64)
         r_sq = tl.zeros([REDUCE], dtype=tl.float64)
