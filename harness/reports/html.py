@@ -41,6 +41,9 @@ from harness.reports.text import (
     nondeterministic_text,
     normwise_text,
     note_text,
+    origin_label_text,
+    origin_text,
+    origins_text,
     phase_text,
     reason_text,
     reference_text,
@@ -280,11 +283,12 @@ def _model(step: StepComparison) -> list[dict]:
     module of the first divergent tensor marked apart."""
     differing = {view.module for view in step.records if not view.bitwise}
     divergent = step.divergence.module if step.divergence else None
+    origins = {origin.module for origin in step.origins.values() if origin.origin}
     nodes: dict[str, dict] = {}
     for m in step.modules:
         classes = [c for c, on in (("differs", m.name in differing), ("divergent", m.name == divergent)) if on]
         nodes[m.name] = {"name": m.name, "type": m.type, "children": [], "divergent": m.name == divergent,
-                         "classes": " ".join(classes)}
+                         "origin": m.name in origins, "classes": " ".join(classes)}
     roots: list[dict] = []
     for module in step.modules:
         parent = nodes.get(module.parent) if module.parent else None
@@ -303,11 +307,15 @@ def _step_view(index: int, step: StepComparison) -> dict:
             tensor["detail"] = not result.pair.bitwise and len(details) < MAX_DETAILS
             if tensor["detail"]:
                 details.append(tensor)
+            origin = step.origins.get(result.name)
             rows.append({"tensor": tensor, "first": position == 0, "module": view.module, "call": call_text(view.call),
-                         "phase": phase_text(view.phase), "slot": slot_text(result.name, view.module)})
+                         "phase": phase_text(view.phase), "slot": slot_text(result.name, view.module),
+                         "origin": {"label": origin_label_text(origin),
+                                    "text": origin_text(result.name, origin)} if origin and origin.origin else None})
     differing = sum(not result.pair.bitwise for result in step.comparison.tensors)
     return {"name": step.label, "anchor": f"s{index}", "summary": step_summary_text(step), "status": step.status,
             "label": status_label(step.status), "status_class": STATUS_CLASSES[step.status], "rows": rows,
+            "origins": origins_text(step),
             "details": details,
             "details_left_out": details_left_out_text(differing - len(details)) if differing > len(details) else None}
 

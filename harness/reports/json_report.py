@@ -15,6 +15,8 @@ are in "cases"); and "trajectory": the first divergent step and, per step (the r
 both losses, the tensors that differ, its kind (harness.compare.trajectory) and its first divergent tensor.
 An addition: readers of /2 that do not know "tree" read the cases as before. A tensor whose side kept
 only digests has "pair": "DigestPair" and "stats": null.
+Another addition: per tree step "origins" (each differing tensor compared on both sides: whether its module made
+the difference, harness.compare.origins, and why), "inherited" (how many only hand one on) and "origins_text".
 Another addition: per case "reference" (the float64 reference that arbitrates, as a side) and
 "reference_missing" (why there is none, else null); per tensor "to_exact": each side's error against it
 (harness.compare.exact.ExactError: max/mean ULP to the correctly rounded value, histogram, normwise error and
@@ -39,6 +41,8 @@ from harness.reports.text import (
     expectation_text,
     finding_text,
     loss_text,
+    origin_text,
+    origins_text,
     record_text,
     step_title_text,
     trajectory_text,
@@ -173,6 +177,12 @@ def tree_json(tree: TreeComparison) -> dict:
             "records": [{"module": view.module, "type": view.type, "call": view.call, "phase": view.phase,
                          "title": record_text(view), "bitwise": view.bitwise, "holds": view.holds,
                          "tensors": [result.name for result in view.tensors]} for view in step.records],
+            "origins": [{"tensor": name, "origin": origin.origin, "module": origin.module,
+                         "module_type": origin.module_type, "phase": origin.phase, "rule": origin.rule or None,
+                         "text": origin_text(name, origin) if origin.origin else None}
+                        for name, origin in step.origins.items()],
+            "inherited": step.inherited,
+            "origins_text": origins_text(step),
         } for step in tree.steps],
     }
 

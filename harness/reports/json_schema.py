@@ -209,6 +209,18 @@ class Record(_Entry):
     tensors: list[str]  # their details are in the step's case
 
 
+class TensorOrigin(_Entry):
+    """A differing tensor of a step, classed (harness.compare.origins): made by its module, or inherited."""
+
+    tensor: str
+    origin: bool
+    module: str
+    module_type: str | None
+    phase: str
+    rule: Literal["inputs", "backward", "first"] | None  # why it is an origin; null when inherited
+    text: str | None  # the origin in words; null when inherited
+
+
 class Step(_Entry):
     step: str
     status: Literal["pass", "fail", "n/a"]
@@ -216,6 +228,9 @@ class Step(_Entry):
     first_divergent: Divergence | None
     modules: list[ModuleInfo]
     records: list[Record]
+    origins: list[TensorOrigin]
+    inherited: int  # differing tensors that only hand on an earlier difference
+    origins_text: str | None  # null when nothing differs
 
 
 class StepLoss(_Entry):
