@@ -268,9 +268,7 @@ class Capture:
         if writer == "process" and self.live is not None:
             raise CaptureError("capture: writer='process' cannot check a reference while it runs (reference=): "
                                "leave writer= out")
-        # "process": a writer thread's Python takes the training's GIL (on the H200 a thread spent ~12 ms per step of a
-        # TransformerLayer, mostly waiting for it). Not the default until measured there (see capture-guide.md)
-        self.writer = writer or "thread"
+        self.writer = writer  # None: chosen once the model's device is known (__enter__)
         self.on_divergence = on_divergence
         self.diverged: Divergence | None = None
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
@@ -355,6 +353,11 @@ class Capture:
                 except TreeBusyError as busy:
                     raise CaptureError(str(busy)) from None
             device = self.adapter.model_device(self.model)
+            if self.writer is None:
+                # a GPU model's step leaves the CPU free, and a writer thread's Python would take the training's
+                # GIL (on the H200 the process cut a MoE layer's overhead from 1.41-1.49x to 1.24-1.33x); on the
+                # CPU the process only takes a core from the training (capture-guide.md, "The writer")
+                self.writer = "process" if device == "cuda" and self.live is None else "thread"
             self.provenance = self.provenance or self._provenance()
             self.context = StepContext(
                 side=self.side, framework=self.adapter.name, root=self.root, mode=self.mode, rank=self.rank,
@@ -788,7 +791,8 @@ def capture(model: Any, path: str | Path, mode: str = "full", modules: Iterable[
     (harness.capture.live), through `map` (a map file or TensorMap: this capture is side B); the first step that
     differs is written in full, and on_divergence="stop" then raises CaptureDiverged, "continue" goes on;
     writer: where each step's dump is made and written, "thread" (in this process) or "process" (a writer
-    process: harness.capture.step_writer, reused by this process's next capture); by default the thread."""
+    process: harness.capture.step_writer, reused by this process's next capture); by default the process for a
+    model on a GPU (unless reference= is given), else the thread."""
     return Capture(model, path, mode=mode, modules=modules, types=types, side=side, refetch=refetch,
                    provenance=provenance, threads=threads, hash=hash, optimizer=optimizer, reference=reference,
                    map=map, on_divergence=on_divergence, writer=writer)
