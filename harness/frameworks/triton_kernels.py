@@ -172,6 +172,40 @@ def tile_pass(units, raw, weights, factors, n, n_full, nbytes, groups, full_tile
                     x, index, n, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad, phase, WIDTH, KIND, EPU, IS_FLOAT, FAST)
     return acc_s, acc_sum, acc_sq, acc_min, acc_max, acc_nan, acc_bad
 
+
+@triton.jit
+def combine_rows(part_f, part_i, first, count, stride, handle, n, REDUCE: tl.constexpr):
+    # The last program to arrive: rows [first, first + count) of the partials (part_f: [4, stride] float64 sum,
+    # squares, min, max; part_i: [3, stride] int64 s, nan, inf) combined into the 8 slots of the handle
+    r = tl.arange(0, REDUCE)
+    r_sum = tl.zeros([REDUCE], dtype=tl.float64)
+    r_sq = tl.zeros([REDUCE], dtype=tl.float64)
+    r_min = tl.full([REDUCE], float("inf"), dtype=tl.float64)
+    r_max = tl.full([REDUCE], float("-inf"), dtype=tl.float64)
+    r_s = tl.zeros([REDUCE], dtype=tl.int64)
+    r_nan = tl.zeros([REDUCE], dtype=tl.int64)
+    r_inf = tl.zeros([REDUCE], dtype=tl.int64)
+    for start in range(0, count, REDUCE):  # volatile: the other programs' rows, not a cached copy
+        i = start + r
+        used = i < count
+        row = first + i
+        r_sum += tl.load(part_f + row, mask=used, other=0.0, volatile=True)
+        r_sq += tl.load(part_f + stride + row, mask=used, other=0.0, volatile=True)
+        r_min = tl.minimum(r_min, tl.load(part_f + 2 * stride + row, mask=used, other=float("inf"), volatile=True))
+        r_max = tl.maximum(r_max, tl.load(part_f + 3 * stride + row, mask=used, other=float("-inf"), volatile=True))
+        r_s += tl.load(part_i + row, mask=used, other=0, volatile=True)
+        r_nan += tl.load(part_i + stride + row, mask=used, other=0, volatile=True)
+        r_inf += tl.load(part_i + 2 * stride + row, mask=used, other=0, volatile=True)
+    tl.store(handle + 0, tl.sum(r_sum, axis=0))
+    tl.store(handle + 1, tl.sum(r_sq, axis=0))
+    tl.store(handle + 2, tl.min(r_min, axis=0))
+    tl.store(handle + 3, tl.max(r_max, axis=0))
+    tl.store(handle + 4, n.to(tl.float64))
+    tl.store(handle + 5, tl.sum(r_nan, axis=0).to(tl.float64))
+    tl.store(handle + 6, tl.sum(r_inf, axis=0).to(tl.float64))
+    tl.store(handle + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))
+
+
 @triton.jit(do_not_specialize=["counter", "n", "n_full", "n_blocks", "nbytes", "groups", "full_tiles", "tail_tiles"])
 def digest(src, weights, factors, out, counters, counter, n, n_full, n_blocks, nbytes, groups, full_tiles, tail_tiles,
            WIDTH: tl.constexpr, KIND: tl.constexpr, EPU: tl.constexpr, VALUE64: tl.constexpr,
@@ -217,32 +251,7 @@ def digest(src, weights, factors, out, counters, counter, n, n_full, n_blocks, n
     arrived = tl.atomic_add(counters + counter, 1, sem="acq_rel")
     if arrived == programs - 1:
         tl.store(counters + counter, 0)  # every program has arrived: the counter is free for a later launch
-        r = tl.arange(0, REDUCE)
-        r_sum = tl.zeros([REDUCE], dtype=tl.float64)
-        r_sq = tl.zeros([REDUCE], dtype=tl.float64)
-        r_min = tl.full([REDUCE], float("inf"), dtype=tl.float64)
-        r_max = tl.full([REDUCE], float("-inf"), dtype=tl.float64)
-        r_s = tl.zeros([REDUCE], dtype=tl.int64)
-        r_nan = tl.zeros([REDUCE], dtype=tl.int64)
-        r_inf = tl.zeros([REDUCE], dtype=tl.int64)
-        for start in range(0, programs, REDUCE):  # volatile: the other programs' rows, not a cached copy
-            i = start + r
-            used = i < programs
-            r_sum += tl.load(part_f + i, mask=used, other=0.0, volatile=True)
-            r_sq += tl.load(part_f + programs + i, mask=used, other=0.0, volatile=True)
-            r_min = tl.minimum(r_min, tl.load(part_f + 2 * programs + i, mask=used, other=float("inf"), volatile=True))
-            r_max = tl.maximum(r_max, tl.load(part_f + 3 * programs + i, mask=used, other=float("-inf"), volatile=True))
-            r_s += tl.load(part_i + i, mask=used, other=0, volatile=True)
-            r_nan += tl.load(part_i + programs + i, mask=used, other=0, volatile=True)
-            r_inf += tl.load(part_i + 2 * programs + i, mask=used, other=0, volatile=True)
-        tl.store(out + 0, tl.sum(r_sum, axis=0))
-        tl.store(out + 1, tl.sum(r_sq, axis=0))
-        tl.store(out + 2, tl.min(r_min, axis=0))
-        tl.store(out + 3, tl.max(r_max, axis=0))
-        tl.store(out + 4, n.to(tl.float64))
-        tl.store(out + 5, tl.sum(r_nan, axis=0).to(tl.float64))
-        tl.store(out + 6, tl.sum(r_inf, axis=0).to(tl.float64))
-        tl.store(out + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))
+        combine_rows(part_f, part_i, 0, programs, programs, out, n, REDUCE)
 
 
 @triton.jit(do_not_specialize=["segments", "items_total"])
@@ -307,33 +316,4 @@ def grouped_digest(arena, table, weights, factors, out, parts, segments, items_t
     counters = (table + 4 * segments).to(tl.pointer_type(tl.int32), bitcast=True)
     arrived = tl.atomic_add(counters + 2 * seg, 1, sem="acq_rel")
     if arrived == programs - 1:  # the segment's last item to finish: its rows into its handle
-        r = tl.arange(0, REDUCE)
-        r_sum = tl.zeros([REDUCE], dtype=tl.float64)
-        r_sq = tl.zeros([REDUCE], dtype=tl.float64)
-        r_min = tl.full([REDUCE], float("inf"), dtype=tl.float64)
-        r_max = tl.full([REDUCE], float("-inf"), dtype=tl.float64)
-        r_s = tl.zeros([REDUCE], dtype=tl.int64)
-        r_nan = tl.zeros([REDUCE], dtype=tl.int64)
-        r_inf = tl.zeros([REDUCE], dtype=tl.int64)
-        for start in range(0, programs, REDUCE):  # volatile: the other programs' rows, not a cached copy
-            i = start + r
-            used = i < programs
-            row = first + i
-            r_sum += tl.load(part_f + row, mask=used, other=0.0, volatile=True)
-            r_sq += tl.load(part_f + items_total + row, mask=used, other=0.0, volatile=True)
-            r_min = tl.minimum(r_min, tl.load(part_f + 2 * items_total + row, mask=used, other=float("inf"),
-                                              volatile=True))
-            r_max = tl.maximum(r_max, tl.load(part_f + 3 * items_total + row, mask=used, other=float("-inf"),
-                                              volatile=True))
-            r_s += tl.load(part_i + row, mask=used, other=0, volatile=True)
-            r_nan += tl.load(part_i + items_total + row, mask=used, other=0, volatile=True)
-            r_inf += tl.load(part_i + 2 * items_total + row, mask=used, other=0, volatile=True)
-        handle = out + 8 * seg
-        tl.store(handle + 0, tl.sum(r_sum, axis=0))
-        tl.store(handle + 1, tl.sum(r_sq, axis=0))
-        tl.store(handle + 2, tl.min(r_min, axis=0))
-        tl.store(handle + 3, tl.max(r_max, axis=0))
-        tl.store(handle + 4, n.to(tl.float64))
-        tl.store(handle + 5, tl.sum(r_nan, axis=0).to(tl.float64))
-        tl.store(handle + 6, tl.sum(r_inf, axis=0).to(tl.float64))
-        tl.store(handle + 7, tl.sum(r_s, axis=0).to(tl.float64, bitcast=True))
+        combine_rows(part_f, part_i, first, programs, items_total, out + 8 * seg, n, REDUCE)
