@@ -31,17 +31,24 @@ from lm_setup import SIZES, batches  # noqa: E402
 from harness.capture import capture  # noqa: E402
 
 
-def seconds_per_step(sizes, captured: bool, folder: Path, writer: str = "thread") -> float:
+def seconds_per_step(sizes, captured: bool, folder: Path, writer: str = "thread") -> tuple[float, float]:
+    """Seconds per step of a run of the demo's steps: the whole run (a captured one's `with` block, its entry and
+    its exit, which waits for the last step's write and makes the tree durable, included), and its training loop
+    alone."""
     trainer = M.Trainer(M.build_gpt(sizes))
     data = batches(sizes)
     start = time.perf_counter()
     if captured:
         with capture(trainer.model, folder, mode="digest", hash="fast", optimizer=trainer.optimizer,
                      writer=writer) as cap:
+            began = time.perf_counter()
             M.train(trainer, data, on_loss=cap.loss, on_norm=cap.grad_norm)
+            ended = time.perf_counter()
     else:
+        began = time.perf_counter()
         M.train(trainer, data)
-    return (time.perf_counter() - start) / len(data)
+        ended = time.perf_counter()
+    return (time.perf_counter() - start) / len(data), (ended - began) / len(data)
 
 
 def main() -> None:
@@ -52,20 +59,25 @@ def main() -> None:
         parser.add_argument(f"--{field}", type=int, default=getattr(SIZES, field))
     args = parser.parse_args()
     sizes = dataclasses.replace(SIZES, **{f: getattr(args, f) for f in ("hidden", "ffn", "vocab", "layers", "seq", "batch", "steps")})
-    times: dict[bool, list[float]] = {False: [], True: []}
+    times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     with M.megatron_group(), tempfile.TemporaryDirectory() as tmp:
         for captured in (False, True):  # warm-up
             seconds_per_step(sizes, captured, Path(tmp) / "warm", args.writer)
         for round_ in range(args.rounds):
             for captured in ((False, True) if round_ % 2 == 0 else (True, False)):
                 times[captured].append(seconds_per_step(sizes, captured, Path(tmp) / f"r{round_}", args.writer))
-    plain, captured = statistics.median(times[False]), statistics.median(times[True])
     print(f"demo GPTModel hidden {sizes.hidden}, ffn {sizes.ffn}, vocab {sizes.vocab}, layers {sizes.layers}, "
           f"{sizes.seq * sizes.batch} tokens, float32, {torch.get_num_threads()} torch threads; medians of {args.rounds} "
           f"runs of {sizes.steps} steps; load average {os.getloadavg()[0]:.2f}")
-    print(f"  no capture             {plain * 1e3:8.1f} ms  (min {min(times[False]) * 1e3:.1f}, max {max(times[False]) * 1e3:.1f})")
-    print(f"  digest, fast, +optim., writer {args.writer:<7} {captured * 1e3:8.1f} ms  x{captured / plain:.2f} "
-          f"(min {min(times[True]) * 1e3:.1f}, max {max(times[True]) * 1e3:.1f})")
+    for part, label in ((0, "the whole run"), (1, "its training loop alone (no capture's entry and exit)")):
+        plain = statistics.median(t[part] for t in times[False])
+        captured = statistics.median(t[part] for t in times[True])
+        low, high = (f(t[part] for t in times[True]) * 1e3 for f in (min, max))
+        print(f"  per step, {label}:")
+        print(f"    no capture             {plain * 1e3:8.1f} ms  (min {min(t[part] for t in times[False]) * 1e3:.1f}, "
+              f"max {max(t[part] for t in times[False]) * 1e3:.1f})")
+        print(f"    digest, fast, +optim., writer {args.writer:<7} {captured * 1e3:8.1f} ms  x{captured / plain:.2f} "
+              f"(min {low:.1f}, max {high:.1f})")
 
 
 if __name__ == "__main__":
