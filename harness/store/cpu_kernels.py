@@ -7,7 +7,7 @@ several passes over each tensor, each widening it to 64 bits (~3x the time of th
   any machine (tests/test_fast_hash_host.py).
 - The sums are float64 with reassociation allowed, so that they vectorize: their last bits follow the CPU's vector
   width, as the BLAS dot of numpy's path (harness.store.stats) does. Statistics are shown beside a digest and never
-  compared bit for bit. min and max are exact in any order.
+  compared bit for bit. min and max are exact in any order, but for the sign of a zero (`_min_max_of`).
 
 numba is imported, and the kernels compiled, on the first use: a process that never digests a CPU tensor this way
 pays nothing. numba caches them on disk beside this file, as .pyc files are (NUMBA_CACHE_DIR moves the cache; the
@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
 # Reassociation lets the sums vectorize (their order then follows the CPU's vector width)
 _REASSOCIATE = {"reassoc"}
+# min and max vectorize only where NaN and the sign of zero may be ignored (see _min_max_of)
+_NO_NAN = {"nnan", "nsz"}
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # what block_sum_and_sums reads as it is
 
 
@@ -59,12 +62,26 @@ def _block_sum_and_sums(values, words, weights, factors, block, out):  # pragma:
             value = np.float64(floats[c])
             sums += value
             squares += value * value
-        for c in range(floats.size):  # a loop of its own: min and max do not vectorize, the sums do
-            value = np.float64(floats[c])
-            low = min(low, value)
-            high = max(high, value)
+        block_low, block_high = _min_max(floats)
+        low = min(low, np.float64(block_low))
+        high = max(high, np.float64(block_high))
     out[0], out[1], out[2], out[3] = sums, squares, low, high
     return total
+
+
+def _min_max_of(floats):  # pragma: no cover - compiled by numba, as `_min_max`
+    """min and max of a non-empty block, in its own dtype. Compiled assuming no NaN (and no sign of zero), so that
+    it vectorizes: where the block holds a NaN the result means nothing, and the sum, NaN too, sends the tensor's
+    statistics to the careful path (harness.store.stats.stats_of_sums), which takes min and max again."""
+    low = floats[0]
+    high = floats[0]
+    for c in range(floats.size):
+        low = min(low, floats[c])
+        high = max(high, floats[c])
+    return low, high
+
+
+_min_max: Any = None  # `_min_max_of` compiled: a global of `_block_sum_and_sums`, set before that is compiled
 
 
 @functools.cache
@@ -74,9 +91,11 @@ def compiled() -> SimpleNamespace | None:
         import numba
     except ImportError:  # pragma: no cover - the lock installs numba; another image may not have it
         return None
+    global _min_max
     for cache in (True, False):
         jit = functools.partial(numba.njit, nogil=True, boundscheck=False, cache=cache)
         try:
+            _min_max = jit(fastmath=_NO_NAN)(_min_max_of)
             return SimpleNamespace(block_sum=jit()(_block_sum),
                                    block_sum_and_sums=jit(fastmath=_REASSOCIATE)(_block_sum_and_sums))
         except RuntimeError:  # no folder numba may cache in (a read-only install, no home folder): compiled each time
