@@ -126,3 +126,14 @@ def test_ctrl_c_reaching_the_writer_process_does_not_end_it(torch, tmp_path):
         cap._process._process.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C does, to the process group
         model(torch.ones(3, 4)).sum().backward()
     assert cap._process is None and len(read_tree(tmp_path / "tree").steps) == 1
+
+
+def test_the_default_writer_follows_the_models_device(torch, tmp_path):
+    """A model on the CPU is written by the thread (a process would take a core from the training); one on a GPU,
+    where there is one, by the process, unless the capture checks a reference as it runs (the thread's job)."""
+    model, _ = model_and_optimizer(torch)
+    with capture(model, tmp_path / "cpu", provenance="test") as cap:
+        assert cap.writer == "thread"
+    if torch.cuda.is_available():
+        with capture(model.cuda(), tmp_path / "gpu", provenance="test") as cap:
+            assert cap.writer == "process"
