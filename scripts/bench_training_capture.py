@@ -70,14 +70,15 @@ def main() -> None:
           f"{sizes.seq * sizes.batch} tokens, float32, {torch.get_num_threads()} torch threads; medians of {args.rounds} "
           f"runs of {sizes.steps} steps; load average {os.getloadavg()[0]:.2f}")
     for part, label in ((0, "the whole run"), (1, "its training loop alone (no capture's entry and exit)")):
-        plain = statistics.median(t[part] for t in times[False])
-        captured = statistics.median(t[part] for t in times[True])
-        low, high = (f(t[part] for t in times[True]) * 1e3 for f in (min, max))
+        plain, captured = ([t[part] * 1e3 for t in times[flag]] for flag in (False, True))
+        ratio = statistics.median(captured) / statistics.median(plain)
         print(f"  per step, {label}:")
-        print(f"    no capture             {plain * 1e3:8.1f} ms  (min {min(t[part] for t in times[False]) * 1e3:.1f}, "
-              f"max {max(t[part] for t in times[False]) * 1e3:.1f})")
-        print(f"    digest, fast, +optim., writer {args.writer:<7} {captured * 1e3:8.1f} ms  x{captured / plain:.2f} "
-              f"(min {low:.1f}, max {high:.1f})")
+        print(f"    no capture             {spread(plain)}")
+        print(f"    digest, fast, +optim., writer {args.writer:<7} {spread(captured)}  x{ratio:.2f}")
+
+
+def spread(milliseconds: list[float]) -> str:
+    return f"{statistics.median(milliseconds):8.1f} ms  (min {min(milliseconds):.1f}, max {max(milliseconds):.1f})"
 
 
 if __name__ == "__main__":
