@@ -220,6 +220,25 @@ def test_compiled_fast_entry_is_the_numpy_one(n, monkeypatch):
         assert_stats(entry["stats"], reference_stats(array), (array.dtype, n))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_min_and_max_are_exact(dtype):
+    """The kernel takes min and max over the floats' bits as ordered integers: exactly numpy's, for values of both
+    signs and every magnitude (subnormals, the largest finite, zeros of both signs), in blocks of any content."""
+    info = np.finfo(dtype)
+    special = np.array([0.0, -0.0, info.tiny, -info.tiny, info.smallest_subnormal, -info.smallest_subnormal, info.max,
+                        -info.max, 1.0, -1.0], dtype=dtype)
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 9, BLOCK + 1, 2 * BLOCK + 5):
+        for _ in range(4):
+            scale = 10.0 ** rng.integers(-300 if dtype is np.float64 else -40, 300 if dtype is np.float64 else 38)
+            array = (rng.standard_normal(n) * scale).astype(dtype)
+            array[rng.integers(0, n, min(n, 3))] = rng.choice(special, min(n, 3))
+            if rng.random() < 0.5:
+                array = np.abs(array) * rng.choice([-1, 1])  # one sign only: the extremes at one end of the keys
+            found = fast_entry(array)["stats"]
+            assert (found["min"], found["max"]) == (float(array.min()), float(array.max())), (dtype, n)
+
+
 def test_kernels_compile_where_numba_cannot_cache(monkeypatch):
     """Where numba finds no folder to cache compiled code in, it refuses cache=True: the kernels are compiled without
     the cache, and the digests stay numpy's."""

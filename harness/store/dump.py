@@ -391,8 +391,9 @@ class Dump:
                 handle.write(meta_text(meta))
                 handle.flush()
                 fsync(handle.fileno())
+            mode = file_mode()  # the umask, read once (from /proc: ~20 us)
             for name in (TENSORS_FILE, META_FILE):
-                os.chmod(staging / name, file_mode())  # safetensors makes 0600
+                os.chmod(staging / name, mode)  # safetensors makes 0600
             fsync_file(staging / TENSORS_FILE)
             fsync_dir(staging)
             pause("dump-staged")
