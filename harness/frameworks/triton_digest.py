@@ -112,7 +112,7 @@ PROGRAMS_PER_SM = 8
 FIRST_PROGRAMS_PER_SM = 2
 MAX_PROGRAMS: int | None = None
 SINGLE_PROGRAM_TILES = 4
-REDUCE_ROWS = 128  # partial rows the last program combines per pass: one per thread of 4 warps (1024 took 112
+REDUCE_ROWS = 256  # partial rows the last program combines per pass: two per thread of 4 warps (1024 took 112
 # registers per thread for the 7 accumulators, and so halved the programs resident per multiprocessor)
 _RESIDENT: dict[tuple, int] = {}  # (device, meta of a compiled `digest`) -> programs resident per multiprocessor
 _PLANS: dict[tuple, Launch] = {}  # (device, dtype, elements, settings) -> its launch, once the residency is known
