@@ -119,6 +119,29 @@ def test_digest_mode_stores_nothing_and_its_md5s_are_those_of_the_full_tensors(t
     assert read_tree(tmp_path / "digest").manifest.mode == "digest"
 
 
+def test_fast_digests_of_a_cpu_capture_are_numpys_of_the_full_tensors(torch, tmp_path):
+    """hash="fast" on the CPU: every tensor's fast64 (the parameters and gradients taken together, the rest one
+    by one) is numpy's of the full capture's bytes; the interpreter's switch interval is left as it is (only a GPU
+    capture lowers it)."""
+    import sys
+
+    from harness.store.fast_hash import fast64
+
+    rng = np.random.default_rng(2)
+    model = torch_model(torch, rng)
+    x = integers(rng, (5, 3))
+    interval = sys.getswitchinterval()
+    for mode, hash_ in (("full", "md5"), ("digest", "fast")):
+        with capture(model, tmp_path / mode, mode=mode, hash=hash_):
+            assert sys.getswitchinterval() == interval
+            model(torch.from_numpy(x).requires_grad_()).sum().backward()
+        model.zero_grad()
+    full, fast = read_tree(tmp_path / "full").step(0), read_tree(tmp_path / "digest").step(0)
+    assert fast.order == full.order and any(":param." in n for n in fast.order) and any(":grad." in n for n in fast.order)
+    assert {name: fast.unstored[name]["fast64"] for name in fast.order} == \
+        {name: fast64(np.asarray(full.tensors[name])) for name in full.order}
+
+
 def test_stats_count_nan_and_inf_and_skip_them():
     from harness.store.stats import tensor_stats
 

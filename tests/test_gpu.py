@@ -193,3 +193,24 @@ def test_megatron_mlp_capture_on_cuda_records_every_tensor(torch, tmp_path):
     assert np.array_equal(input_bits, x.cpu().view(torch.int16).numpy().view(np.uint16))
     differ = [name for name in full.order if fast.unstored[name]["fast64"] != fast64(np.asarray(full.tensors[name]))]
     assert not differ, f"{len(differ)} of {len(full.order)} fast64s differ from numpy's of the full capture: {differ}"
+
+
+def test_capture_of_a_gpu_model_lowers_the_switch_interval_while_entered(torch, tmp_path):
+    """While a capture of a CUDA model is entered, the interpreter switches threads at least every
+    SWITCH_INTERVAL (the training thread launches the digests); the interval before is back once the last of two
+    nested captures has ended, and after a capture that failed."""
+    import sys
+
+    from harness.capture import api
+
+    before = sys.getswitchinterval()
+    model = torch.nn.Linear(8, 8).cuda()
+    with capture(model, tmp_path / "a", mode="digest", hash="fast"):
+        assert sys.getswitchinterval() == min(api.SWITCH_INTERVAL, before)
+        with capture(torch.nn.Linear(8, 8).cuda(), tmp_path / "b", mode="digest", hash="fast"):
+            pass
+        assert sys.getswitchinterval() == min(api.SWITCH_INTERVAL, before)
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError, match="stop"), capture(model, tmp_path / "c", mode="digest", hash="fast"):
+        raise RuntimeError("stop")
+    assert sys.getswitchinterval() == before

@@ -127,6 +127,26 @@ def _run() -> None:
             print(json.dumps({"label": f"{label} {setting}", "dtype": entry["dtype"], "fast64": entry["fast64"],
                               "expected": expected, "stats": entry["stats"], "expected_stats": stats,
                               "elements": float(row[4]), "size": int(array.size), "groups": len(groups)}), flush=True)
+    # the cases at hand together, read in place (one launch per dtype over their addresses) where they can be
+    # (contiguous, not empty, on a 16-byte boundary), the others by the fused kernel
+    for name, value in defaults.items():
+        setattr(triton_digest, name, value)
+    slots = triton_digest.batched_device_digests([tensor for _, tensor, _ in found])
+    handles = [triton_digest.fused_device_digest(tensor) if slot is None else slot
+               for (_, tensor, _), slot in zip(found, slots, strict=True)]
+    groups = {id(slot.group) for slot in slots if slot is not None}
+    rows = adapter.fetch_digests(handles)()
+    for (label, tensor, array), slot, row in zip(found, slots, rows, strict=True):
+        work = PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, None)
+        work.settle(row)
+        entry = work.result()
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected, stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
+        readable = tensor.is_contiguous() and tensor.numel() > 0 and tensor.data_ptr() % 16 == 0
+        print(json.dumps({"label": f"{label} batched", "dtype": entry["dtype"], "fast64": entry["fast64"],
+                          "expected": expected, "stats": entry["stats"], "expected_stats": stats,
+                          "elements": float(row[4]), "size": int(array.size), "groups": len(groups),
+                          "batched": slot is not None, "readable": readable}), flush=True)
 
 
 def _check(result: dict) -> None:
@@ -139,13 +159,19 @@ def _check(result: dict) -> None:
 @pytest.mark.slow
 def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     results = interpreter_results(__file__)
-    assert len(results) == len(SETTINGS) * len(cases()), results[-3:]
+    count = len(cases())
+    assert len(results) == (len(SETTINGS) + 1) * count, results[-3:]
     for result in results:
         _check(result)
     dtypes = {result["dtype"] for result in results}
     # the default arena holds a step's tensors: one group per dtype; the 4 KiB one fills and launches early
-    assert {r["groups"] for r in results[:len(cases())]} == {len(dtypes)}, results[0]
-    assert all(r["groups"] > len(dtypes) for r in results[len(cases()):]), results[-1]
+    assert {r["groups"] for r in results[:count]} == {len(dtypes)}, results[0]
+    assert all(r["groups"] > len(dtypes) for r in results[count:len(SETTINGS) * count]), results[-1]
+    # batched: exactly the tensors that can be read in place, one group per dtype among them
+    batched = results[len(SETTINGS) * count:]
+    assert [r["batched"] for r in batched] == [r["readable"] for r in batched]
+    assert sum(r["batched"] for r in batched) >= count // 2
+    assert {r["groups"] for r in batched} == {len({r["dtype"] for r in batched if r["batched"]})}
 
 
 def test_group_bytes_names_the_variable_on_bad_input(monkeypatch):
@@ -232,6 +258,31 @@ def test_grouped_digest_is_of_the_tensor_as_it_was_when_digested(torch, monkeypa
         work.settle(row)
     assert [work.result()["fast64"] for work in pending] == expected
     assert [fast64(t.cpu().numpy()) != digest for t, digest in zip(tensors, expected, strict=True)] == [True, False, True]
+
+
+@pytest.mark.gpu
+def test_batched_digest_reads_the_tensors_in_place_as_they_are_then(torch, monkeypatch):
+    """Tensors at hand together are digested where they are by one launch per dtype (TorchAdapter.device_digests):
+    each digest is numpy's and the ungrouped kernel's, and an in-place change right after does not reach it."""
+    from harness.frameworks import triton_digest
+    from harness.frameworks.torch import TorchAdapter
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    triton_digest.forget_route()
+    found = cases("cuda")
+    adapter = TorchAdapter()
+    pending = adapter.device_digests([tensor for _, tensor, _ in found])
+    batched = [isinstance(work.values, triton_digest.GroupSlot) and work.values.group.out is not None for work in pending]
+    assert sum(batched) >= len(found) // 2
+    for _, tensor, _ in found:
+        if tensor.is_floating_point() and tensor.numel():
+            tensor.mul_(3.0)  # after the launch: not digested (the numpy arrays below are the values before)
+    for work, row in zip(pending, adapter.fetch_digests([p.values for p in pending])(), strict=True):
+        work.settle(row)
+    for (label, _, array), work in zip(found, pending, strict=True):
+        _check(_expected(label, array, work.result()))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,53 @@ from harness.store.tree_format import (
 )
 
 WRITERS = ("thread", "process")  # where a step's dump is made and written: harness.capture.step_writer
+# arrays kept in full of at most this many elements get their statistics at once, on the hook's thread: ~7 us for a
+# scalar (a step's loss, learning rates, grad norms), against a pool thread woken to take the interpreter's lock
+INLINE_STATS = 1024
+
+
+# While a capture of a GPU model is entered, the interpreter's switch interval (Python's default: 5 ms) is at most
+# this: the training thread, whose hooks launch the digests while the device waits for them, then waits less for
+# its turn under the interpreter's lock when the writer thread holds it (H200, a TransformerLayer: 29.1-29.5 ms per
+# captured step against 30.1-30.6 ms, one run of 5 steps each, 2026-12-02). Restored when the last such capture ends.
+SWITCH_INTERVAL = 0.0005
+
+
+class _SwitchInterval:
+    """The interpreter's switch interval lowered to SWITCH_INTERVAL while any GPU capture is entered."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._before = 0.0
+
+    def lower(self) -> None:
+        with self._lock:
+            if not self._users:
+                self._before = sys.getswitchinterval()
+                sys.setswitchinterval(min(SWITCH_INTERVAL, self._before))
+            self._users += 1
+
+    def restore(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if not self._users:
+                sys.setswitchinterval(self._before)
+
+
+_SWITCHING = _SwitchInterval()
+
+
+class _Done:
+    """Work done at once: as a finished Future (`result()`), without a Future's lock and condition."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
 
 
 class CaptureError(XfalignError):
@@ -196,6 +243,19 @@ def _writing(what: str, after: str = "") -> Iterator[None]:
         raise CaptureWriteError(f"capture: cannot write {what}: {reason}{after}") from error
 
 
+@dataclass
+class _Batch:
+    """Tensors at hand together (a step's parameters, gradients, optimizer states), digested at once by
+    `Capture._digest_batch` (FrameworkAdapter.device_digests: on a GPU one launch per dtype): their names, tensors
+    and selected modules; and names recorded already as one of them (name, the one's name)."""
+
+    tensors: list[tuple[str, Any]] = field(default_factory=list)
+    aliases: list[tuple[str, str]] = field(default_factory=list)
+
+
+_BATCHED: tuple = (None, None)  # a step's result while its batch is being made: filled by `_digest_batch`
+
+
 def _module_name(path: str) -> str:
     return path or ROOT
 
@@ -216,7 +276,7 @@ class _Step:
 
     records: list[tuple[str, int | None, str, list[str]]] = field(default_factory=list)
     # name -> (stored array, its work: a Future, or a PendingDigest started on the tensor's device)
-    results: dict[str, tuple[np.ndarray | None, Future | PendingDigest]] = field(default_factory=dict)
+    results: dict[str, tuple[np.ndarray | None, Future | _Done | PendingDigest]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # module -> calls begun
     open_calls: dict[str, list[tuple[int, list[str]]]] = field(default_factory=dict)  # module -> (call, inputs)
     backward: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # its record's tensor list
@@ -284,6 +344,7 @@ class Capture:
         self._step = _Step()
         self.folder = self.path  # where this process's tree goes: a rank's folder in it, with several ranks
         self._tree: TreeWriter | None = None  # writes the folder while the capture is entered
+        self._switched = False  # the switch interval lowered (a GPU model) until the capture ends
         self._warned_skipped = False  # tensors left out are warned about once per capture (each step's meta lists them)
 
     # -- setup ------------------------------------------------------------------------------------------
@@ -353,6 +414,9 @@ class Capture:
                 except TreeBusyError as busy:
                     raise CaptureError(str(busy)) from None
             device = self.adapter.model_device(self.model)
+            if device == "cuda":
+                _SWITCHING.lower()
+                self._switched = True
             if self.writer is None:
                 # a GPU model's step leaves the CPU free, and a writer thread's Python would take the training's
                 # GIL (on the H200 the process cut a MoE layer's overhead from 1.41-1.49x to 1.24-1.33x); on the
@@ -424,6 +488,9 @@ class Capture:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._switched:
+            self._switched = False
+            _SWITCHING.restore()
         return failed
 
     def flush(self) -> None:
@@ -459,9 +526,11 @@ class Capture:
             for j, item in enumerate(items):
                 self._leaves(item, f"{slot}.{j}", found, counter)
 
-    def _submit(self, step: _Step, name: str, tensor: Any, path: str, fresh: bool = False) -> str | None:
+    def _submit(self, step: _Step, name: str, tensor: Any, path: str, fresh: bool = False,
+                batch: _Batch | None = None) -> str | None:
         """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
-        (and a note in the step's meta) for a dtype or layout no dump holds."""
+        (and a note in the step's meta) for a dtype or layout no dump holds. With `batch`, a fast digest is left
+        to `_digest_batch`, which the caller calls before anything else runs."""
         unsupported = _unsupported(self.adapter, tensor)
         if unsupported is not None:
             step.skipped.append(f"{name} ({unsupported})")
@@ -471,20 +540,31 @@ class Capture:
         seen = None if fresh else step.seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full):
             step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
+            if step.results[name] is _BATCHED:
+                assert batch is not None
+                batch.aliases.append((name, seen[3]))
             if seen[3] in step.held:
                 step.held[name] = step.held[seen[3]]
             return name
         fast = self.hash == "fast" and not full
-        pending = self.adapter.device_digest(tensor) if fast else None
-        if pending is not None:
+        if fast and batch is not None:
+            batch.tensors.append((name, tensor))
+            step.results[name] = _BATCHED
+            if self.live is not None:
+                step.held[name] = self.adapter.host_copy(tensor)
+        elif (pending := self.adapter.device_digest(tensor) if fast else None) is not None:
             step.results[name] = (None, pending)
             if self.live is not None:
                 step.held[name] = self.adapter.host_copy(tensor)
         else:
             array = self.adapter.host_copy(tensor)
             assert self._pool is not None
-            step.results[name] = (array, self._pool.submit(tensor_stats, array)) if full else \
-                (None, self._pool.submit(fast_entry if fast else digest_entry, array))
+            if not full:
+                step.results[name] = (None, self._pool.submit(fast_entry if fast else digest_entry, array))
+            elif array.size <= INLINE_STATS:
+                step.results[name] = (array, _Done(tensor_stats(array)))
+            else:
+                step.results[name] = (array, self._pool.submit(tensor_stats, array))
             if self.live is not None and not full:
                 step.held[name] = array
         if version is not None:
@@ -494,13 +574,31 @@ class Capture:
                 pass
         return name
 
+    def _digest_batch(self, step: _Step, batch: _Batch) -> None:
+        """Start the fast digests `_submit` left to `batch`, together."""
+        if not batch.tensors:
+            return
+        started = self.adapter.device_digests([tensor for _, tensor in batch.tensors])
+        for (name, tensor), pending in zip(batch.tensors, started, strict=True):
+            if pending is None:  # the adapter has no device digest: a host copy, hashed on the pool
+                assert self._pool is not None
+                step.results[name] = (None, self._pool.submit(fast_entry, self.adapter.host_copy(tensor)))
+            else:
+                step.results[name] = (None, pending)
+        for name, first in batch.aliases:
+            step.results[name] = step.results[first]
+
     def _start(self, step: _Step) -> None:
-        """The step's first hook: every selected module's parameters, as they are before it runs."""
+        """The step's first hook: every selected module's parameters, as they are before it runs (digested
+        together)."""
         step.started = True
+        batch = _Batch()
         for path, params in self.params.items():
             names = [submitted for name, param in params
-                     if (submitted := self._submit(step, param_tensor(_module_name(path), "param", name), param, path))]
+                     if (submitted := self._submit(step, param_tensor(_module_name(path), "param", name), param, path,
+                                                   batch=batch))]
             step.records.append((_module_name(path), None, "params", names))
+        self._digest_batch(step, batch)
 
     def _before(self, path: str, args: tuple, kwargs: dict) -> None:
         step = self._step
@@ -599,12 +697,15 @@ class Capture:
         if step.grads_recorded:
             return
         step.grads_recorded = True
+        batch = _Batch()
         for path, params in self.params.items():
             grads = [(name, self.adapter.parameter_grad(param)) for name, param in params]
             names = [submitted for name, grad in grads if grad is not None and
-                     (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path))]
+                     (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path,
+                                                batch=batch))]
             if names:
                 step.records.append((_module_name(path), None, "grads", names))
+        self._digest_batch(step, batch)
 
     def _record_scalar(self, step: _Step, name: str, value: Any) -> bool:
         """A (train) scalar: a 0-d tensor as it is, a number as float64; False (and a note) for anything else."""
@@ -615,8 +716,7 @@ class Capture:
         except (TypeError, ValueError):
             step.skipped.append(f"{name} (a {type(value).__name__}, not a number)")
             return False
-        assert self._pool is not None
-        step.results[name] = (array, self._pool.submit(tensor_stats, array))
+        step.results[name] = (array, _Done(tensor_stats(array)))
         return True
 
     def _optimizer_begins(self) -> None:
@@ -633,23 +733,28 @@ class Capture:
         assert probe is not None
         with self._lock:
             clipped, grads, first = [], [], len(step.records)
+            batch = _Batch()
             for path, params in self.params.items():
                 module, names = _module_name(path), []
                 for param_name, param in params:
                     grad = probe.consumed_grad(param)
-                    if grad is not None and (name := self._submit(step, param_tensor(module, "grad_clipped", param_name), grad, path)):
+                    if grad is not None and (name := self._submit(step, param_tensor(module, "grad_clipped", param_name), grad, path,
+                                                                  batch=batch)):
                         names.append(name)
                         clipped.append(name)
                     for state, tensor in probe.states(param):
                         if state not in STATE_ROLES:
                             step.skipped.append(f"{param_tensor(module, state, param_name)} (an optimizer state xfalign has no name for)")
-                        elif (name := self._submit(step, param_tensor(module, state, param_name), tensor, path, fresh=True)):
+                        elif (name := self._submit(step, param_tensor(module, state, param_name), tensor, path, fresh=True,
+                                                   batch=batch)):
                             names.append(name)
-                    if (name := self._submit(step, param_tensor(module, "updated", param_name), param, path, fresh=True)):
+                    if (name := self._submit(step, param_tensor(module, "updated", param_name), param, path, fresh=True,
+                                             batch=batch)):
                         names.append(name)
                 if names:
                     step.records.append((module, None, "optimizer", names))
                 grads += [n for n in (param_tensor(module, "grad", p) for p, _ in params) if n in step.results]
+            self._digest_batch(step, batch)
             rates = {train_tensor("lr", group): lr for group, lr in enumerate(probe.learning_rates())}
             scalars = [name for name, lr in rates.items() if self._record_scalar(step, name, lr)]
             reported = train_tensor("grad_norm", "reported")

@@ -227,6 +227,11 @@ class FrameworkAdapter(ABC):
         ValueError: a dtype no dump holds."""
         return None
 
+    def device_digests(self, tensors: list) -> list[PendingDigest | None]:
+        """`device_digest` of tensors at hand together (a step's parameters, gradients, optimizer states), which an
+        adapter may start in fewer launches."""
+        return [self.device_digest(tensor) for tensor in tensors]
+
     def fetch_digests(self, handles: list) -> Callable[[], np.ndarray]:
         """Start moving the values (fast_hash.SLOTS, float64) of the handles `device_digest` made to the host,
         together, without waiting; the function returned waits for them and gives one row per handle (the

@@ -416,7 +416,7 @@ class Group:
     segments) as they are digested, so that `grouped_digest` digests them all in one launch. The copy runs in
     stream order where the fused kernel would have run: later in-place changes of a tensor do not reach it."""
 
-    def __init__(self, key: tuple, tensor, layout: tuple[int, bool, bool], capacity: int):
+    def __init__(self, key: tuple, tensor, layout: tuple[int, bool, bool], capacity: int | None):
         import torch
 
         self.key, self.device, self.layout = key, tensor.device, layout
@@ -426,9 +426,10 @@ class Group:
         self.align = _ALIGN // self.width
         self.item_units = ITEM_TILES * (16 // self.unit) * 32 * WARPS
         self.stream: Any = torch.cuda.current_stream(self.device) if tensor.is_cuda else None
-        self.capacity = capacity // self.width  # elements
-        self.arena: Any = torch.empty(self.capacity, dtype=tensor.dtype, device=self.device)
-        self.base = self.arena.data_ptr()
+        # capacity None: no arena (`in_place`: the segments are the tensors themselves)
+        self.capacity = 0 if capacity is None else capacity // self.width  # elements
+        self.arena: Any = None if capacity is None else torch.empty(self.capacity, dtype=tensor.dtype, device=self.device)
+        self.base = 0 if self.arena is None else self.arena.data_ptr()
         self.memcpy = _memcpy() if tensor.is_cuda else None
         self.used = 0  # elements
         self.rows = array.array("q")  # per segment: first item, items, first unit, elements
@@ -450,13 +451,30 @@ class Group:
                     raise RuntimeError(f"cudaMemcpyAsync of a {tensor.dtype} tensor into the digest arena: error {error}")
             else:
                 self._copy(tensor, start)
-        units = -(-nbytes // self.unit)
-        self.rows.extend((self.items, -(-units // self.item_units) or 1, start * self.width // self.unit, n))
-        self.items += -(-units // self.item_units) or 1
         self.used = start + -(-n // self.align) * self.align
+        return self._segment(start * self.width // self.unit, n)
+
+    def _segment(self, first_unit: int, n: int) -> GroupSlot:
+        """A segment of n elements from unit `first_unit` of the arena on: its row of the table, its handle."""
+        nbytes = n * self.width
+        units = -(-nbytes // self.unit)
+        items = -(-units // self.item_units) or 1
+        self.rows.extend((self.items, items, first_unit, n))
+        self.items += items
         if nbytes > self.largest:
             self.largest = nbytes
         return GroupSlot(self, len(self.rows) // 4 - 1)
+
+    @classmethod
+    def in_place(cls, key: tuple, tensors: list, layout: tuple[int, bool, bool]) -> tuple[Group, list[GroupSlot]]:
+        """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries),
+        read where they are: its `arena` is the one at the lowest address, and each segment's first unit is counted
+        from there. Launched at once by the caller (nothing is copied: a later change of a tensor must not come
+        between)."""
+        group = cls(key, tensors[0], layout, None)
+        group.arena = min(tensors, key=lambda tensor: tensor.data_ptr())
+        base = group.arena.data_ptr()
+        return group, [group._segment((tensor.data_ptr() - base) // group.unit, tensor.numel()) for tensor in tensors]
 
     def _copy(self, tensor, start: int) -> None:
         """torch's copy_ into the segment, as C-order (any strides, any device guard)."""
@@ -545,6 +563,34 @@ def grouped_device_digest(tensor) -> GroupSlot:
         group = Group(key, tensor, layout, max(_ARENA.get(key, ARENA_BYTES), n * tensor.element_size()))
         _OPEN[key] = group
     return group.add(tensor, n)
+
+
+def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
+    """The handles of digests of tensors that are at hand together (a step's parameters as it begins, their
+    gradients at its end, the optimizer's states): those of one device, stream and dtype, contiguous, not empty and
+    starting on a 16-byte boundary, read where they are by one launch of `grouped_digest` over their addresses, now
+    (no copy into an arena, no launch each); None for the others (digested one by one by the caller)."""
+    found: list[GroupSlot | None] = [None] * len(tensors)
+    batches: dict[tuple, tuple[tuple[int, bool, bool], list[int]]] = {}
+    for i, tensor in enumerate(tensors):
+        layout = _layout(tensor)
+        if layout is None or not tensor.numel() or tensor.data_ptr() % _ALIGN or not tensor.is_contiguous():
+            continue
+        index = tensor.get_device()
+        key = (index, (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0, tensor.dtype)
+        batches.setdefault(key, (layout, []))[1].append(i)
+    groups = []
+    for key, (layout, indices) in batches.items():
+        group, slots = Group.in_place(key, [tensors[i].detach() for i in indices], layout)
+        groups.append(group)
+        for i, slot in zip(indices, slots, strict=True):
+            found[i] = slot
+    by_device: dict[Any, list[Group]] = {}
+    for group in groups:
+        by_device.setdefault(group.device, []).append(group)
+    for same_device in by_device.values():
+        _launch_groups(same_device)
+    return found
 
 
 def _cuda_calls() -> list:
