@@ -15,7 +15,7 @@ capture, as scripts/bench_capture.py times them):
 - the captured step with the digest itself replaced by a constant (hooks, bookkeeping and writing only), and
   "unwritten": digests taken and fetched, but no dump written (the writer thread's share);
 - from torch.profiler over one captured step: device time of the digest kernels and of the model's kernels,
-  and the span the device was busy;
+  the span the device was busy, and where in it the device sat idle (per fifth of the span; the largest gaps);
 - the digest kernel alone on one large tensor: GB/s, beside torch's own sum over the same bytes.
 """
 
@@ -164,6 +164,7 @@ def main() -> None:
             n_digest = sum(1 for e in kernels if e.name == "digest")
             print(f"  profiler {label}: {len(kernels)} kernels, device time {total / 1e3:.2f} ms "
                   f"(digest kernels {digest / 1e3:.2f} ms in {n_digest}), busy span {span / 1e3:.2f} ms")
+            print_idle(sorted(kernels, key=lambda e: e.time_range.start), span)
             if label == "digest" and args.trace:
                 prof.export_chrome_trace(args.trace)
             top = defaultdict(float)
@@ -192,6 +193,22 @@ def main() -> None:
             seconds = statistics.median(times)
             nbytes = tensor.numel() * tensor.element_size()
             print(f"  {name:<10} {str(dt)[6:]:<9} {list(shape)!s:<18} {seconds * 1e3:7.3f} ms  {nbytes / seconds / 1e9:7.0f} GB/s")
+
+
+def print_idle(kernels: list, span: float) -> None:
+    """Where in the step the device sat idle: the idle time per fifth of its busy span, and the largest gaps with
+    the kernels around them (a gap early in the step: the host had queued nothing yet)."""
+    if len(kernels) < 2 or span <= 0:
+        return
+    origin = kernels[0].time_range.start
+    gaps = [(b.time_range.start - a.time_range.end, a.name[:36], b.name[:36], b.time_range.start - origin)
+            for a, b in zip(kernels, kernels[1:]) if b.time_range.start > a.time_range.end]
+    fifths = [0.0] * 5
+    for gap, _, _, at in gaps:
+        fifths[min(4, int(5 * at / span))] += gap
+    print(f"      idle {sum(g[0] for g in gaps) / 1e3:.2f} ms, per fifth of the span: " + " ".join(f"{f / 1e3:.2f}" for f in fifths))
+    for gap, before, after, at in sorted(gaps, reverse=True)[:5]:
+        print(f"      gap {gap / 1e3:6.2f} ms at {at / 1e3:6.2f} ms: {before} -> {after}")
 
 
 if __name__ == "__main__":
