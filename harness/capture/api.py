@@ -246,11 +246,10 @@ def _writing(what: str, after: str = "") -> Iterator[None]:
 @dataclass
 class _Batch:
     """Tensors at hand together (a step's parameters, gradients, optimizer states), digested at once by
-    `Capture._digest_batch` (FrameworkAdapter.device_digests: on a GPU one launch per dtype): their names, tensors
-    and selected modules; and names recorded already as one of them (name, the one's name)."""
+    `Capture._digest_batch` (FrameworkAdapter.device_digests: on a GPU one launch per dtype for the small ones):
+    their names and tensors."""
 
     tensors: list[tuple[str, Any]] = field(default_factory=list)
-    aliases: list[tuple[str, str]] = field(default_factory=list)
 
 
 _BATCHED: tuple = (None, None)  # a step's result while its batch is being made: filled by `_digest_batch`
@@ -538,11 +537,9 @@ class Capture:
         full, version = self.full[path], self.adapter.tensor_version(tensor)
         # fresh: changed by an optimizer kernel, which need not count as an in-place change (Paddle's do not)
         seen = None if fresh else step.seen.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full):
-            step.results[name] = step.results[seen[3]]  # recorded already (a module's output is its parent's)
-            if step.results[name] is _BATCHED:
-                assert batch is not None
-                batch.aliases.append((name, seen[3]))
+        # recorded already (a module's output is its parent's); one waiting in a batch is digested again
+        if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full) and step.results[seen[3]] is not _BATCHED:
+            step.results[name] = step.results[seen[3]]
             if seen[3] in step.held:
                 step.held[name] = step.held[seen[3]]
             return name
@@ -585,8 +582,6 @@ class Capture:
                 step.results[name] = (None, self._pool.submit(fast_entry, self.adapter.host_copy(tensor)))
             else:
                 step.results[name] = (None, pending)
-        for name, first in batch.aliases:
-            step.results[name] = step.results[first]
 
     def _start(self, step: _Step) -> None:
         """The step's first hook: every selected module's parameters, as they are before it runs (digested

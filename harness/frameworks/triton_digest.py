@@ -571,7 +571,7 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
     dtype, contiguous, not empty and starting on a 16-byte boundary, read where they are by one launch of
     `grouped_digest` over their addresses, now (no copy into an arena, no launch each); None for the others
     (digested one by one by the caller: a large tensor reads faster by the fused kernel, whose grid is capped at the
-    programs resident at once: H200, a layer's 4 weights of 32-176 MiB, 0.31 ms grouped against 0.16 ms)."""
+    programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped against 0.16 ms)."""
     found: list[GroupSlot | None] = [None] * len(tensors)
     batches: dict[tuple, tuple[tuple[int, bool, bool], list[int]]] = {}
     limit = route()[1]
