@@ -87,7 +87,7 @@ INLINE_STATS = 1024
 # While a capture of a GPU model is entered, the interpreter's switch interval (Python's default: 5 ms) is at most
 # this: the training thread, whose hooks launch the digests while the device waits for them, then waits less for
 # its turn under the interpreter's lock when the writer thread holds it (H200, a TransformerLayer: 29.1-29.5 ms per
-# captured step against 30.1-30.6 ms, one run of 5 steps each, 2026-12-02). Restored when the last such capture ends.
+# captured step against 30.1-30.6 ms, the last 4 steps of one run each, 2026-12-02). Restored when the last such capture ends.
 SWITCH_INTERVAL = 0.0005
 
 
