@@ -13,15 +13,20 @@ bf16) and 40 small bf16 tensors (20 of 4,096 elements, 20 of 65,536).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from harness.frameworks import triton_digest
-from harness.frameworks.torch import TorchAdapter, dtype_name_of
-from harness.store.fast_hash import PendingDigest
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_digest_kernel import taking_turns  # noqa: E402
+
+from harness.frameworks import triton_digest  # noqa: E402
+from harness.frameworks.torch import TorchAdapter, dtype_name_of  # noqa: E402
+from harness.store.fast_hash import PendingDigest  # noqa: E402
 
 SETS = {"a layer's parameters": [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (4096,), (4096,), (12288,), (22016,)],
         "40 small tensors": [(4096,)] * 20 + [(1024, 64)] * 20}
@@ -58,15 +63,8 @@ def main() -> int:
     wrong = 0
     for label, shapes in SETS.items():
         tensors = [torch.randn(shape, device="cuda").to(torch.bfloat16) for shape in shapes]
-        found: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
-        for round_ in range(args.rounds + 1):  # the first: warm-up
-            digests = {}
-            for batched in (True, False):
-                device, host, digests[batched] = one_set(tensors, batched)
-                if round_:
-                    found[batched][0].append(device)
-                    found[batched][1].append(host)
-            wrong += digests[True] != digests[False]
+        found, differing = taking_turns(functools.partial(one_set, tensors), args.rounds)
+        wrong += differing
         for batched, (device, host) in found.items():
             print(f"  {label:<22} {'batched' if batched else 'one launch each':<16} device {statistics.median(device):.3f} ms "
                   f"({min(device):.3f}-{max(device):.3f}), host {statistics.median(host):.1f} us per tensor "

@@ -75,20 +75,29 @@ def grouped_step(tensors: list, grouped: bool) -> tuple[float, float, list[str]]
     return start.elapsed_time(stop), cpu, [work.result()["fast64"] for work in pending]
 
 
+def taking_turns(step, rounds: int) -> tuple[dict[bool, tuple[list[float], list[float]]], int]:
+    """`step(flag)` -> (GPU time, CPU time, fast64s) for the flag True, then False, rounds + 1 times (the first a
+    warm-up: compiling, the arenas' sizes): each flag's GPU and CPU times, and the rounds whose fast64s differ."""
+    found: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+    differing = 0
+    for round_ in range(rounds + 1):
+        digests = {}
+        for flag in (True, False):
+            gpu, cpu, digests[flag] = step(flag)
+            if round_:
+                found[flag][0].append(gpu)
+                found[flag][1].append(cpu)
+        differing += digests[True] != digests[False]
+    return found, differing
+
+
 def grouped_main(args) -> int:
     """--grouped: see the module's note."""
     wrong = 0
     for kib in args.grouped_sizes:
         tensors = [torch.randn(kib * 512, device="cuda").to(torch.bfloat16) for _ in range(args.count)]
-        found: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
-        digests = {}
-        for round_ in range(args.rounds + 1):  # the first: warm-up (compiling, the arenas' sizes)
-            for grouped in (True, False):
-                gpu, cpu, digests[grouped] = grouped_step(tensors, grouped)
-                if round_:
-                    found[grouped][0].append(gpu)
-                    found[grouped][1].append(cpu)
-        wrong += digests[True] != digests[False]
+        found, differing = taking_turns(functools.partial(grouped_step, tensors), args.rounds)
+        wrong += differing > 0
         line = f"  {args.count} x bf16 {kib:>6} KiB:"
         for grouped, (gpu, cpu) in found.items():
             line += (f"  {'grouped' if grouped else 'one launch each'} GPU {statistics.median(gpu) * 1e3 / args.count:7.1f} us "

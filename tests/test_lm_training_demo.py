@@ -12,26 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.machine import cpu_isa
+from harness.machine import cpu_isa, cpu_model
 
 pytest.importorskip("paddle", reason="the demo's Paddle side needs paddle")
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
-
-
-def _vendor() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "unknown")
-
 
 # torch_exact.py reproduces the kernels torch's CPU build runs on an AVX2 CPU (MKL's sgemm blocking and VML,
 # Sleef's FMA build, the compiler's FMA contractions). Checked on AMD EPYC CPUs with AVX2 only and with AVX-512 (torch's
 # CPU capability AVX512; MKL_VERBOSE names no AVX-512 path of MKL there: the same bits, 2026-12-02); an Intel CPU with
 # AVX-512, where MKL may take its AVX-512 kernels, is not checked
-avx2_kernels = pytest.mark.skipif(cpu_isa() != "avx2" and _vendor() != "AuthenticAMD",
-                                  reason=f"the reproduced kernels are checked on AVX2 CPUs and AMD's; this CPU: {_vendor()} {cpu_isa()}")
+avx2_kernels = pytest.mark.skipif(cpu_isa() != "avx2" and not (cpu_model() or "").startswith("AMD"),
+                                  reason=f"the reproduced kernels are checked on AVX2 CPUs and AMD's; this CPU: {cpu_model()} {cpu_isa()}")
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "lm_training"
 sys.path.insert(0, str(DEMO))

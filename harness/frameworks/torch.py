@@ -296,14 +296,15 @@ class TorchAdapter(FrameworkAdapter):
         if not any(getattr(tensor, "is_cuda", False) for tensor in tensors) or not triton_digest.route()[0] \
                 or not triton_digest.importable():
             return [self.device_digest(tensor) for tensor in tensors]
-        cuda = [i for i, tensor in enumerate(tensors) if tensor.is_cuda and dtype_name_of(tensor) is not None]
+        names = {i: name for i, tensor in enumerate(tensors) if tensor.is_cuda and (name := dtype_name_of(tensor)) is not None}
+        cuda = list(names)
         slots = triton_digest.batched_device_digests([tensors[i] for i in cuda])
         batched = {i: slot for i, slot in zip(cuda, slots, strict=True) if slot is not None}
         found: list[PendingDigest | None] = []
         for i, tensor in enumerate(tensors):
             slot = batched.get(i)
             found.append(self.device_digest(tensor) if slot is None else
-                         PendingDigest(dtype_name_of(tensor) or "", tuple(tensor.shape), tensor.numel() * tensor.element_size(), slot))
+                         PendingDigest(names[i], tuple(tensor.shape), tensor.numel() * tensor.element_size(), slot))
         return found
 
     def fetch_digests(self, handles: list):

@@ -590,12 +590,17 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
         groups.append(group)
         for i, slot in zip(indices, slots, strict=True):
             found[i] = slot
+    _launch_by_device(groups)
+    return found
+
+
+def _launch_by_device(groups: list[Group]) -> None:
+    """`_launch_groups` of the groups of each device together."""
     by_device: dict[Any, list[Group]] = {}
     for group in groups:
         by_device.setdefault(group.device, []).append(group)
     for same_device in by_device.values():
         _launch_groups(same_device)
-    return found
 
 
 def _cuda_calls() -> list:
@@ -615,10 +620,7 @@ def launch_groups(handles: list) -> None:
     for handle in handles:
         if type(handle) is GroupSlot and handle.group.out is None:
             waiting[id(handle.group)] = handle.group
-    by_device: dict[Any, list[Group]] = {}
     for group in waiting.values():
         if _OPEN.get(group.key) is group:
             del _OPEN[group.key]
-        by_device.setdefault(group.device, []).append(group)
-    for groups in by_device.values():
-        _launch_groups(groups)
+    _launch_by_device(list(waiting.values()))

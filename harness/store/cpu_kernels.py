@@ -55,8 +55,7 @@ def _block_sum_and_sums(values, bits, shift, magnitude, words, weights, factors,
     total = np.int64(0)
     sums = 0.0
     squares = 0.0
-    first = bits[0]
-    low = high = first ^ ((first >> shift) & magnitude)
+    low = high = _ordered(bits[0], shift, magnitude)
     for b in range((words.size + block - 1) // block):
         chunk = words[b * block:(b + 1) * block]
         part = np.int64(0)
@@ -73,24 +72,31 @@ def _block_sum_and_sums(values, bits, shift, magnitude, words, weights, factors,
         high = max(high, block_high)
     out[0], out[1] = sums, squares
     # the map from bits to ordered keys is its own inverse
-    extremes[0], extremes[1] = low ^ ((low >> shift) & magnitude), high ^ ((high >> shift) & magnitude)
+    extremes[0], extremes[1] = _ordered(low, shift, magnitude), _ordered(high, shift, magnitude)
     return total
 
 
+def _ordered_of(bits, shift, magnitude):  # pragma: no cover - compiled by numba, as `_ordered`
+    """A float's bits (a signed integer) as an integer in the floats' order: a negative float's magnitude bits
+    flipped. -0 comes before +0; NaNs lie beyond the infinities (where one is, the sum is NaN and the statistics take
+    the careful path: harness.store.stats.stats_of_sums). The map is its own inverse."""
+    return bits ^ ((bits >> shift) & magnitude)
+
+
 def _ordered_min_max_of(bits, shift, magnitude):  # pragma: no cover - compiled by numba, as `_ordered_min_max`
-    """The least and greatest of a non-empty block of float bits, each a signed integer mapped to one in the floats'
-    order (a negative float's magnitude bits flipped): integer min and max, which vectorize. -0 comes before +0;
-    NaNs lie beyond the infinities (where one is, the sum is NaN and the statistics take the careful path:
-    harness.store.stats.stats_of_sums)."""
-    low = high = bits[0] ^ ((bits[0] >> shift) & magnitude)
+    """The least and greatest `_ordered` key of a non-empty block of float bits: integer min and max, which
+    vectorize."""
+    low = high = _ordered(bits[0], shift, magnitude)
     for c in range(bits.size):
-        key = bits[c] ^ ((bits[c] >> shift) & magnitude)
+        key = _ordered(bits[c], shift, magnitude)
         low = min(low, key)
         high = max(high, key)
     return low, high
 
 
-_ordered_min_max: Any = None  # `_ordered_min_max_of` compiled: a global of `_block_sum_and_sums`, set before that is compiled
+# compiled forms, globals of the functions that call them (set before those are compiled)
+_ordered: Any = None
+_ordered_min_max: Any = None
 
 
 @functools.cache
@@ -100,10 +106,11 @@ def compiled() -> SimpleNamespace | None:
         import numba
     except ImportError:  # pragma: no cover - the lock installs numba; another image may not have it
         return None
-    global _ordered_min_max
+    global _ordered, _ordered_min_max
     for cache in (True, False):
         jit = functools.partial(numba.njit, nogil=True, boundscheck=False, cache=cache)
         try:
+            _ordered = jit(inline="always")(_ordered_of)
             _ordered_min_max = jit()(_ordered_min_max_of)
             return SimpleNamespace(block_sum=jit()(_block_sum),
                                    block_sum_and_sums=jit(fastmath=_REASSOCIATE)(_block_sum_and_sums))
