@@ -284,7 +284,9 @@ class TorchAdapter(FrameworkAdapter):
     digest_on_cpu = False  # True: torch ops on the CPU too
 
     def device_digest(self, tensor) -> PendingDigest | None:
-        if tensor.device.type == "cpu" and not self.digest_on_cpu:
+        if tensor.is_cpu and not self.digest_on_cpu:
+            if tensor.dtype in (_NUMPY_AS_IS or _numpy_as_is()):  # numpy reads its bits as they are: no copy, no view
+                return settled_digest(tensor.detach().numpy())
             if dtype_name_of(tensor) is None:
                 raise ValueError(f"unsupported dtype {tensor.dtype}")
             return settled_digest(self.to_numpy(tensor))
@@ -434,6 +436,14 @@ class TorchAdapter(FrameworkAdapter):
 
 
 _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump holds it)
+_NUMPY_AS_IS: set = set()  # torch dtypes whose .numpy() a CPU digest reads as it is (filled on first use)
+
+
+def _numpy_as_is() -> set:
+    import torch
+
+    _NUMPY_AS_IS.update((torch.float32, torch.float64))
+    return _NUMPY_AS_IS
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
 
 

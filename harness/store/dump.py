@@ -361,14 +361,20 @@ class Dump:
         """Tensors whose digest varied between repeats, with the number of distinct digests."""
         return {name: len(set(md5s)) for name, md5s in self.meta.get("repeats", {}).items() if len(set(md5s)) > 1}
 
-    def write(self, directory: str | Path, validate: bool = True) -> Path:
+    def write(self, directory: str | Path, validate: bool = True, fresh: bool = False) -> Path:
         """Write the dump at `directory` (see `check_dump_target` for what may be there already). It is
         made complete in a staging folder beside it, then swapped in (harness.store.atomic.replace_dir): at
         every instant the old complete dump or the new one is at the path. validate=False: the meta is
-        JSON data built from validated parts (a capture's step), not checked against DumpMeta again."""
+        JSON data built from validated parts (a capture's step), not checked against DumpMeta again.
+        fresh=True: the caller holds the parent folder (a capture's tree, harness.store.tree.TreeWriter) and
+        `directory` is not there (DumpTargetError if it is): the target's checks are skipped."""
         directory = Path(directory)
-        check_dump_target(directory, self.meta.get("side"))
-        directory.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            if os.path.lexists(directory):
+                raise DumpTargetError(f"dump {directory}: exists already; refusing to replace it")
+        else:
+            check_dump_target(directory, self.meta.get("side"))
+            directory.parent.mkdir(parents=True, exist_ok=True)
         digests = digests_of(self.tensors)  # MD5 and XXH3, hashed in parallel threads
         by_name = {name: {"name": name, **digests[name].to_json(xxh3=True)} for name in self.tensors}
         for name, stats in self.stats.items():
@@ -397,7 +403,8 @@ class Dump:
             fsync_file(staging / TENSORS_FILE)
             fsync_dir(staging)
             pause("dump-staged")
-            check_dump_target(directory, self.meta.get("side"))  # again: a file may have appeared while writing
+            if not fresh:
+                check_dump_target(directory, self.meta.get("side"))  # again: a file may have appeared while writing
             replace_dir(staging, directory)
         except BaseException:
             remove_tree(staging)  # the new dump not swapped in, or the old one swapped out

@@ -16,7 +16,17 @@ from pydantic import ValidationError
 
 from harness.errors import XfalignError, field_text, validation_problem
 from harness.schema import NAME_RULE, is_safe_name
-from harness.store.atomic import fsync_dir, fsync_file, remove_tree, replace_dir, staging_dir, unsynced, write_text_atomic
+from harness.store.atomic import (
+    fsync_dir,
+    fsync_file,
+    remove_tree,
+    replace_dir,
+    staging_dir,
+    umask,
+    umask_known,
+    unsynced,
+    write_text_atomic,
+)
 from harness.store.dump import Dump, DumpError, DumpTargetError, read_meta
 from harness.store.tree_format import MANIFEST_FILE, CaptureManifest, rank_folder, step_folder
 
@@ -201,6 +211,7 @@ class TreeWriter:
         self._staging: Path | None = None  # where steps go until the first is complete, over an earlier tree
         self._listed = 0  # the steps the manifest written lists
         self._manifest_written = 0.0  # when (time.monotonic())
+        self._umask = umask()  # read once: each step's files and folders get their modes from it
 
     def open(self) -> None:
         """Claim the folder, check what it holds and write the manifest (no step yet). TreeBusyError: another
@@ -230,8 +241,8 @@ class TreeWriter:
     def write_step(self, index: int, dump: Dump, validate: bool = True) -> Path:
         """Write `dump` as step `index` (see Dump.write for `validate`), then the manifest; the first step
         complete replaces an earlier tree. The step's folder in the tree."""
-        with unsynced():
-            written = dump.write(self._target / step_folder(index), validate=validate)
+        with unsynced(), umask_known(self._umask):
+            written = dump.write(self._target / step_folder(index), validate=validate, fresh=True)
             self.steps.append(written.name)
             if self._staging is not None or not self._listed or time.monotonic() - self._manifest_written >= MANIFEST_INTERVAL:
                 self._write_manifest()
