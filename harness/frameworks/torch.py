@@ -318,17 +318,21 @@ class TorchAdapter(FrameworkAdapter):
         triton_digest.launch_groups(handles)
         by_device: dict = {}  # device -> (handle indices, (part, row) of each, the parts: 1-D, rows of SLOTS)
         blocks: dict = {}  # id of a block of grouped handles -> its index among its device's parts
+        last = None  # the group of the handle before: a batch's handles come one after another
         for index, handle in enumerate(handles):
             if type(handle) is triton_digest.GroupSlot:
                 group = handle.group
-                indices, at, parts = by_device.setdefault(group.device, ([], [], []))
-                part = blocks.get(id(group.block))
-                if part is None:  # the rows of the groups launched together, one after another
-                    part = blocks[id(group.block)] = len(parts)
-                    parts.append(group.block.view(-1))
+                if group is not last:
+                    last, row0 = group, group.row0
+                    indices, at, parts = by_device.setdefault(group.device, ([], [], []))
+                    part = blocks.get(id(group.block))
+                    if part is None:  # the rows of the groups launched together, one after another
+                        part = blocks[id(group.block)] = len(parts)
+                        parts.append(group.block.view(-1))
                 indices.append(index)
-                at.append((part, group.row0 + handle.index))
+                at.append((part, row0 + handle.index))
             else:
+                last = None
                 indices, at, parts = by_device.setdefault(handle.device, ([], [], []))
                 indices.append(index)
                 at.append((len(parts), 0))

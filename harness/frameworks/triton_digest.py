@@ -466,15 +466,17 @@ class Group:
         return GroupSlot(self, len(self.rows) // 4 - 1)
 
     @classmethod
-    def in_place(cls, key: tuple, tensors: list, layout: tuple[int, bool, bool]) -> tuple[Group, list[GroupSlot]]:
-        """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries),
-        read where they are: its `arena` is the one at the lowest address, and each segment's first unit is counted
-        from there. Launched at once by the caller (nothing is copied: a later change of a tensor must not come
-        between)."""
+    def in_place(cls, key: tuple, tensors: list, addresses: list[int], counts: list[int],
+                 layout: tuple[int, bool, bool]) -> tuple[Group, list[GroupSlot]]:
+        """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries;
+        their addresses and elements given), read where they are: its `arena` is the one at the lowest address, and
+        each segment's first unit is counted from there. Launched at once by the caller (nothing is copied: a later
+        change of a tensor must not come between)."""
         group = cls(key, tensors[0], layout, None)
-        group.arena = min(tensors, key=lambda tensor: tensor.data_ptr())
-        base = group.arena.data_ptr()
-        return group, [group._segment((tensor.data_ptr() - base) // group.unit, tensor.numel()) for tensor in tensors]
+        lowest = min(range(len(addresses)), key=addresses.__getitem__)
+        group.arena = tensors[lowest].detach()  # only its address is read: no autograd graph around the launch
+        base, unit = addresses[lowest], group.unit
+        return group, [group._segment((address - base) // unit, n) for address, n in zip(addresses, counts, strict=True)]
 
     def _copy(self, tensor, start: int) -> None:
         """torch's copy_ into the segment, as C-order (any strides, any device guard)."""
@@ -573,20 +575,33 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
     (digested one by one by the caller: a large tensor reads faster by the fused kernel, whose grid is capped at the
     programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped against 0.16 ms)."""
     found: list[GroupSlot | None] = [None] * len(tensors)
-    batches: dict[tuple, tuple[tuple[int, bool, bool], list[int]]] = {}
+    # (device index, raw stream, dtype) -> (layout, the tensors' indices, their addresses, their elements): each
+    # tensor's attributes read once (this runs per tensor of a step's parameters, gradients and states)
+    batches: dict[tuple, tuple[tuple[int, bool, bool], list[int], list[int], list[int]]] = {}
+    streams: dict[int, int] = {}  # device index -> its current raw stream
     limit = route()[1]
     for i, tensor in enumerate(tensors):
-        layout = _layout(tensor)
+        dtype = tensor.dtype
+        layout = _LAYOUTS[dtype] if dtype in _LAYOUTS else _layout(tensor)
         n = tensor.numel()
-        if layout is None or not n or n * tensor.element_size() > limit or tensor.data_ptr() % _ALIGN \
-                or not tensor.is_contiguous():
+        if layout is None or not n or n * tensor.element_size() > limit or not tensor.is_contiguous():
+            continue
+        address = tensor.data_ptr()
+        if address % _ALIGN:
             continue
         index = tensor.get_device()
-        key = (index, (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0, tensor.dtype)
-        batches.setdefault(key, (layout, []))[1].append(i)
+        stream = streams.get(index)
+        if stream is None:
+            stream = streams[index] = (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0
+        batch = batches.get((index, stream, dtype))
+        if batch is None:
+            batch = batches[(index, stream, dtype)] = (layout, [], [], [])
+        batch[1].append(i)
+        batch[2].append(address)
+        batch[3].append(n)
     groups = []
-    for key, (layout, indices) in batches.items():
-        group, slots = Group.in_place(key, [tensors[i].detach() for i in indices], layout)
+    for key, (layout, indices, addresses, counts) in batches.items():
+        group, slots = Group.in_place(key, [tensors[i] for i in indices], addresses, counts, layout)
         groups.append(group)
         for i, slot in zip(indices, slots, strict=True):
             found[i] = slot
