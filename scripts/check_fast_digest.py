@@ -8,8 +8,9 @@ together by `grouped_digest` at the step's end, larger ones by the fused kernel)
 harness.frameworks.triton_digest, `fused_device_digest`, one launch per tensor: XFALIGN_DIGEST_GROUP_BYTES=0) and
 "torch" (torch ops, XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path; on
 CUDA then a step of 100 small tensors (STEP: mixed sizes and dtypes, some not contiguous), checked per tensor
-against numpy on the grouped and fused paths, and its CPU cost per tensor on both, side by side (device_digest
-of each tensor plus the step's fetch_digests, the GPU kept busy so that nothing waits for it; --steps steps, the
+against numpy on the grouped and fused paths (and on the grouped path digested together, as a step's parameters
+are: TorchAdapter.device_digests), and its CPU cost per tensor on each, side by side (the digests plus the step's
+fetch_digests, the GPU kept busy so that nothing waits for it; --steps steps, the
 median and the range), the time of one digest of a large bf16 tensor per path, with --sweep the time of the
 default kernel under other tile and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for
 bit), then "ALL EQUAL" (exit 0) or the differences (exit 1; also when a Triton path is asked for and triton
@@ -85,9 +86,12 @@ def use(path: str) -> None:
     triton_digest.forget_route()  # read again at the next digest, not at the next step's
 
 
-def digests(cases: list, path: str, adapter: TorchAdapter) -> list[dict]:
+def digests(cases: list, path: str, adapter: TorchAdapter, together: bool = False) -> list[dict]:
+    """The entries of `cases`' tensors digested by `path`: one by one (`device_digest`, as a capture's hooks do), or
+    together (`TorchAdapter.device_digests`, as a step's parameters, gradients and optimizer states are)."""
     use(path)
-    pending = [device_digest(tensor) for _, tensor, _ in cases]
+    tensors = [tensor for _, tensor, _ in cases]
+    pending = adapter.device_digests(tensors) if together else [device_digest(tensor) for tensor in tensors]
     for work, row in zip(pending, adapter.fetch_digests([p.values for p in pending])(), strict=True):
         work.settle(row)
     return [work.result() for work in pending]
@@ -137,9 +141,9 @@ def step_tensors() -> list:
     return found
 
 
-def step_check(tensors: list, path: str, adapter: TorchAdapter) -> int:
+def step_check(tensors: list, path: str, adapter: TorchAdapter, together: bool = False) -> int:
     """The step's tensors digested by `path` as one step, against numpy's fast64 and statistics; the differences."""
-    entries = digests([("", tensor, None) for tensor in tensors], path, adapter)
+    entries = digests([("", tensor, None) for tensor in tensors], path, adapter, together)
     wrong = 0
     for tensor, entry in zip(tensors, entries, strict=True):
         array = TorchAdapter().to_numpy(tensor)
@@ -148,14 +152,18 @@ def step_check(tensors: list, path: str, adapter: TorchAdapter) -> int:
     return wrong
 
 
-def step_host_cost(tensors: list, path: str, adapter: TorchAdapter, steps: int) -> tuple[list, list, list]:
+def step_host_cost(tensors: list, path: str, adapter: TorchAdapter, steps: int,
+                   together: bool = False) -> tuple[list, list, list]:
     """Per step of `tensors`: microseconds of CPU per tensor for device_digest of each and the step's
     fetch_digests (the launches and the copy to the host started, not waited for: a capture's writer thread
     waits), the GPU kept busy by a sleep so that no call waits for it; the part of it in device_digest; and
     milliseconds of GPU time of the step's digests (CUDA events around them, the launches queued behind the sleep)."""
     use(path)
+    def digest_step() -> list:
+        return adapter.device_digests(tensors) if together else [device_digest(tensor) for tensor in tensors]
+
     for _ in range(2):  # warm: compiled kernels, the pinned buffers, the arenas' sizes
-        pending = [device_digest(tensor) for tensor in tensors]
+        pending = digest_step()
         adapter.fetch_digests([p.values for p in pending])()
     host, digesting, device = [], [], []
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -164,7 +172,7 @@ def step_host_cost(tensors: list, path: str, adapter: TorchAdapter, steps: int) 
         torch.cuda._sleep(50_000_000)
         start.record()
         began = time.perf_counter()
-        pending = [device_digest(tensor) for tensor in tensors]
+        pending = digest_step()
         digested = time.perf_counter()
         rows = adapter.fetch_digests([p.values for p in pending])
         host.append((time.perf_counter() - began) * 1e6 / len(tensors))
@@ -233,22 +241,27 @@ def main() -> int:
     if device == "cuda":
         tensors = step_tensors()
         triton_paths = [path for path in paths if path != "torch" and triton_digest.importable()]
-        costs = {}
-        for path in triton_paths:
-            wrong = step_check(tensors, path, adapter)
+        # (path, together): one by one as a capture's hooks digest, and on the grouped path also the step's tensors
+        # digested together (TorchAdapter.device_digests, as a step's parameters, gradients and states are)
+        ways = [(path, False) for path in triton_paths] + [("grouped", True)] * ("grouped" in triton_paths)
+        costs: dict[tuple[str, bool], tuple[list, list, list]] = {}
+        for path, together in ways:
+            wrong = step_check(tensors, path, adapter, together)
             differences += wrong
             checked += len(tensors)
-            print(f"step of {len(tensors)} small tensors, path {path}: {'ALL EQUAL' if not wrong else f'{wrong} DIFFERENT'} "
-                  f"to numpy")
-        for _ in range(2):  # the paths take turns: the ranges are over both rounds' steps
-            for path in triton_paths:
-                for kept, found in zip(costs.setdefault(path, ([], [], [])), step_host_cost(tensors, path, adapter, args.steps),
-                                       strict=True):
+            print(f"step of {len(tensors)} small tensors, path {path}{', together' * together}: "
+                  f"{'ALL EQUAL' if not wrong else f'{wrong} DIFFERENT'} to numpy")
+        for _ in range(2):  # the ways take turns: the ranges are over both rounds' steps
+            for way in ways:
+                for kept, found in zip(costs.setdefault(way, ([], [], [])),
+                                       step_host_cost(tensors, *way[:1], adapter, args.steps, together=way[1]), strict=True):
                     kept.extend(found)
-        for path, (host, digesting, gpu) in costs.items():
+        for (path, together), (host, digesting, gpu) in costs.items():
+            how = "device_digests of all + fetch_digests; device_digests" if together else \
+                "device_digest each + fetch_digests; device_digest"
             print(f"step of {len(tensors)} small tensors ({sum(t.numel() * t.element_size() for t in tensors) / 2**20:.1f} MiB), "
-                  f"path {path}: {statistics.median(host):.1f} us of CPU per tensor ({min(host):.1f}-{max(host):.1f} over "
-                  f"{len(host)} steps; device_digest each + fetch_digests; device_digest alone "
+                  f"path {path}{', together' * together}: {statistics.median(host):.1f} us of CPU per tensor "
+                  f"({min(host):.1f}-{max(host):.1f} over {len(host)} steps; {how} alone "
                   f"{statistics.median(digesting):.1f}), {statistics.median(gpu):.3f} ms of GPU per step "
                   f"({min(gpu):.3f}-{max(gpu):.3f})")
         large = next(tensor for label, tensor, _ in cases if label.startswith("bf16 [4096, 11008]"))
