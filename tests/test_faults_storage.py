@@ -218,6 +218,21 @@ def test_dump_target_rules_touch_nothing(tmp_path):
     assert dump_seed(tmp_path / "empty") == 5
 
 
+def test_a_fresh_dump_never_replaces_what_is_there(tmp_path):
+    """Dump.write(fresh=True), a capture tree's step (the writer holds the tree, so the target's checks are skipped):
+    a folder already at the path, even an xfalign dump of the same side, is refused and left as it was."""
+    make_dump(1).write(tmp_path / "step")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    before = tree(tmp_path)
+    for name in ("step", "mine"):
+        with pytest.raises(DumpTargetError, match=f"dump {tmp_path / name}: exists already; refusing to replace it"):
+            make_dump(2).write(tmp_path / name, fresh=True)
+    assert tree(tmp_path) == before and dump_seed(tmp_path / "step") == 1
+    make_dump(3).write(tmp_path / "new", fresh=True)
+    assert dump_seed(tmp_path / "new") == 3
+
+
 def cli(capsys, *args) -> subprocess.CompletedProcess:
     """The real CLI, in this process (on the session's workers; the working directory is the test's)."""
     capsys.readouterr()

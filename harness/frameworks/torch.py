@@ -441,6 +441,7 @@ class TorchAdapter(FrameworkAdapter):
 
 _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump holds it)
 _NUMPY_AS_IS: set = set()  # torch dtypes whose .numpy() a CPU digest reads as it is (filled on first use)
+_CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
 
 
 def _numpy_as_is() -> set:
@@ -448,7 +449,6 @@ def _numpy_as_is() -> set:
 
     _NUMPY_AS_IS.update((torch.float32, torch.float64))
     return _NUMPY_AS_IS
-_CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
 
 
 def dtype_name_of(tensor) -> str | None:

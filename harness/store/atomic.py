@@ -93,11 +93,11 @@ def unsynced() -> Iterator[None]:
 def umask_known(mask: int) -> Iterator[None]:
     """Inside the block, `umask()` of the calling thread is `mask`, not read again (a read of /proc costs ~50 us:
     a capture's writer, harness.store.tree.TreeWriter, reads it once when it opens the tree)."""
-    _THREAD.umask = mask
+    before, _THREAD.umask = getattr(_THREAD, "umask", None), mask
     try:
         yield
     finally:
-        _THREAD.umask = None
+        _THREAD.umask = before
 
 
 def _unsynced() -> bool:
