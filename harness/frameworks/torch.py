@@ -285,11 +285,11 @@ class TorchAdapter(FrameworkAdapter):
 
     def device_digest(self, tensor) -> PendingDigest | None:
         if tensor.is_cpu and not self.digest_on_cpu:
-            if tensor.dtype in (_NUMPY_AS_IS or _numpy_as_is()):  # numpy reads its bits as they are: no copy, no view
-                return settled_digest(tensor.detach().numpy())
-            if dtype_name_of(tensor) is None:
+            name = dtype_name_of(tensor)
+            if name is None:
                 raise ValueError(f"unsupported dtype {tensor.dtype}")
-            return settled_digest(self.to_numpy(tensor))
+            # float32 and float64: numpy reads the bits as they are (no copy, no view; fast_entry orders them)
+            return settled_digest(tensor.detach().numpy() if name in ("float32", "float64") else self.to_numpy(tensor))
         return device_digest(tensor)
 
     def device_digests(self, tensors: list) -> list[PendingDigest | None]:
@@ -440,15 +440,7 @@ class TorchAdapter(FrameworkAdapter):
 
 
 _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump holds it)
-_NUMPY_AS_IS: set = set()  # torch dtypes whose .numpy() a CPU digest reads as it is (filled on first use)
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
-
-
-def _numpy_as_is() -> set:
-    import torch
-
-    _NUMPY_AS_IS.update((torch.float32, torch.float64))
-    return _NUMPY_AS_IS
 
 
 def dtype_name_of(tensor) -> str | None:

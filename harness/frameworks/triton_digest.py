@@ -581,8 +581,7 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
     streams: dict[int, int] = {}  # device index -> its current raw stream
     limit = route()[1]
     for i, tensor in enumerate(tensors):
-        dtype = tensor.dtype
-        layout = _LAYOUTS[dtype] if dtype in _LAYOUTS else _layout(tensor)
+        layout = _layout(tensor)
         n = tensor.numel()
         if layout is None or not n or n * tensor.element_size() > limit or not tensor.is_contiguous():
             continue
@@ -593,9 +592,10 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
         stream = streams.get(index)
         if stream is None:
             stream = streams[index] = (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0
-        batch = batches.get((index, stream, dtype))
+        key = (index, stream, tensor.dtype)
+        batch = batches.get(key)
         if batch is None:
-            batch = batches[(index, stream, dtype)] = (layout, [], [], [])
+            batch = batches[key] = (layout, [], [], [])
         batch[1].append(i)
         batch[2].append(address)
         batch[3].append(n)
