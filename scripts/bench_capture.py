@@ -20,8 +20,10 @@ in a one-process gloo group, every module selected (the MLP, linear_fc1, linear_
 a whole TransformerLayer (CUDA only); --model gpt: a GPTModel of --layers such layers, --vocab tokens, one sequence
 of --tokens, its loss averaged (CUDA only). A step is forward + backward (+ cap.step() when captured) and, on cuda,
 a device synchronize (as a training loop's loss.item() would); a round is --steps consecutive steps of one
-variant, a captured round inside one `with capture` block whose end (the last step's write) is timed too,
-entering it is not. The result is the time per step.
+variant, a captured round inside one `with capture` block whose end (the last step's write, the tree made
+durable) is timed too, entering it is not. The result is the time per step: of the whole round, and of its steps
+alone (the loop, up to the last step's synchronize; its end not counted), the capture's cost per step when it runs
+for many more steps than a round's.
 bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
 --optimizer: a step ends with an AdamW step (lr 1e-4, clip 1.0), captured too (capture(..., optimizer=):
 gradients applied, states, updated parameters): on cuda megatron-core's own optimizer
@@ -149,14 +151,15 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cap=
         torch.cuda.synchronize()
 
 
-def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: int) -> float:
-    """Seconds per step over `steps` consecutive steps; a captured run's clock stops when its `with capture`
-    block has ended (the last step written)."""
+def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: int) -> tuple[float, float]:
+    """Seconds per step over `steps` consecutive steps: of the whole round, whose clock, captured, stops when
+    its `with capture` block has ended (the last step written, the tree made durable); and of the steps alone."""
     if variant is None:
         start = time.perf_counter()
         for _ in range(steps):
             train_step(model, x, grad)
-        return (time.perf_counter() - start) / steps
+        seconds = (time.perf_counter() - start) / steps
+        return seconds, seconds
     mode, hash_ = variant
     kernel, previous = HASH_KERNELS.get(hash_), os.environ.get("XFALIGN_FAST_DIGEST_KERNEL")
     if kernel:
@@ -167,13 +170,14 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: 
             start = time.perf_counter()
             for _ in range(steps):
                 train_step(model, x, grad, cap)
+            loop = time.perf_counter() - start
         seconds = time.perf_counter() - start
     finally:
         if kernel:
             os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
             if previous is not None:
                 os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = previous
-    return seconds / steps
+    return seconds / steps, loop / steps
 
 
 def main() -> None:
@@ -206,7 +210,7 @@ def main() -> None:
     modes: list[tuple[str, str] | None] = [None, *(("digest", h) for h in dict.fromkeys(args.hash))]
     if not args.no_full:
         modes.append(("full", "md5"))
-    times: dict[tuple[str, str] | None, list[float]] = {mode: [] for mode in modes}
+    times: dict[tuple[str, str] | None, list[tuple[float, float]]] = {mode: [] for mode in modes}
     with one_process_group(args.device), tempfile.TemporaryDirectory() as tmp:
         model, x, grad = model_and_batch(args, dtype)
         if args.optimizer:
@@ -221,7 +225,6 @@ def main() -> None:
         written = sum(f.stat().st_size for f in (Path(tmp) / "full-md5").rglob("*") if f.is_file()) / args.steps \
             if not args.no_full else 0
     params = sum(p.numel() for p in model.parameters())
-    plain = statistics.median(times[None])
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else f"{torch.get_num_threads()} torch threads"
     optimizer = f", optimizer {type(OPTIMIZER).__name__}" if OPTIMIZER is not None else ""
     optimizer += f", writer {WRITER}"
@@ -230,11 +233,15 @@ def main() -> None:
     print(("no full capture; " if args.no_full else f"full capture writes {written / 2**20:.1f} MiB per step; ") +
           f"load average before {load[0]:.2f}, after "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")
-    for mode in modes:
-        median = statistics.median(times[mode])
-        label = "no capture" if mode is None else "capture, full" if mode[0] == "full" else f"capture, digest {mode[1]}"
-        print(f"  {label:<27} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
-              f"(min {min(times[mode]) * 1e3:.1f}, max {max(times[mode]) * 1e3:.1f})")
+    for part, what in ((0, "whole round (a capture's end included)"), (1, "its steps alone (the loop)")):
+        print(f"  per step, {what}:")
+        plain = statistics.median(t[part] for t in times[None])
+        for mode in modes:
+            values = [t[part] for t in times[mode]]
+            median = statistics.median(values)
+            label = "no capture" if mode is None else "capture, full" if mode[0] == "full" else f"capture, digest {mode[1]}"
+            print(f"    {label:<27} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
+                  f"(min {min(values) * 1e3:.1f}, max {max(values) * 1e3:.1f})")
 
 
 if __name__ == "__main__":
