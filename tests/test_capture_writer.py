@@ -13,6 +13,7 @@ from test_faults_storage import fill, tiny_disk  # noqa: F401 - a fixture: a 64 
 
 from harness.capture import capture
 from harness.capture.api import CaptureError, CaptureWriteError
+from harness.store.dump import Dump
 from harness.store.tree import read_tree
 
 pytestmark = pytest.mark.xdist_group("in_process_frameworks")
@@ -43,6 +44,49 @@ def test_the_writer_process_writes_what_the_thread_writes(torch, tmp_path, mode,
     assert list(thread) == list(process) and len(thread) > 3 * 3  # the manifest, 3 steps of a folder and 2 files
     assert thread == process  # byte for byte: meta, tensors and manifest
     assert len(read_tree(tmp_path / "process").steps) == 3
+
+
+def test_digest_values_fetched_at_the_steps_end_follow_the_payload_to_the_writer_process(torch, tmp_path, monkeypatch):
+    """Digests computed by torch ops (as on a GPU: their values reach the host at the step's end) go to the writer
+    process after the step's payload and are made into entries there: the files are the thread's, byte for byte,
+    the parameters carried from the step before (their updated digests, settled only when asked) too."""
+    from harness.frameworks.torch import TorchAdapter
+
+    monkeypatch.setattr(TorchAdapter, "digest_on_cpu", True)
+    train(torch, tmp_path / "thread", mode="digest", hash="fast", writer="thread")
+    train(torch, tmp_path / "process", mode="digest", hash="fast", writer="process")
+    thread, process = files(tmp_path / "thread"), files(tmp_path / "process")
+    assert thread == process and len(process) > 3 * 3
+    tree = read_tree(tmp_path / "process")
+    for before, after in zip(tree.steps, tree.steps[1:]):
+        updated, params = Dump.read(tree.path / before).unstored, Dump.read(tree.path / after).unstored
+        carried = {name: entry["fast64"] for name, entry in updated.items() if ":updated." in name}
+        assert carried and {name.replace(":updated.", ":param."): digest for name, digest in carried.items()} == \
+            {name: entry["fast64"] for name, entry in params.items() if ":param." in name}
+
+
+def test_values_that_cannot_be_fetched_drop_the_step_and_keep_the_writer_process_in_step(torch, tmp_path, monkeypatch):
+    from harness.frameworks.torch import TorchAdapter
+
+    monkeypatch.setattr(TorchAdapter, "digest_on_cpu", True)
+    fetch = TorchAdapter.fetch_digests
+    failed: list[bool] = []
+
+    def failing_once(self, handles):
+        rows = fetch(self, handles)
+
+        def values():
+            if not failed:
+                failed.append(True)
+                raise RuntimeError("the device was lost")
+            return rows()
+        return values
+
+    monkeypatch.setattr(TorchAdapter, "fetch_digests", failing_once)
+    with pytest.raises(RuntimeError, match="the device was lost"):
+        train(torch, tmp_path / "a", writer="process", mode="digest", hash="fast")
+    train(torch, tmp_path / "b", writer="process", mode="digest", hash="fast")  # the same process, answering in turn
+    assert read_tree(tmp_path / "a").steps == [] and len(read_tree(tmp_path / "b").steps) == 3
 
 
 def test_a_full_disk_under_the_writer_process_names_the_step(torch, tiny_disk):  # noqa: F811

@@ -128,7 +128,7 @@ def _run() -> None:
                               "expected": expected, "stats": entry["stats"], "expected_stats": stats,
                               "elements": float(row[4]), "size": int(array.size), "groups": len(groups)}), flush=True)
     # the cases at hand together, read in place (one launch per dtype over their addresses) where they can be
-    # (contiguous, not empty, on a 16-byte boundary), the others by the fused kernel
+    # (contiguous, on a 16-byte boundary), from a contiguous copy where not, the empty ones by the fused kernel
     for name, value in defaults.items():
         setattr(triton_digest, name, value)
     slots = triton_digest.batched_device_digests([tensor for _, tensor, _ in found])
@@ -142,7 +142,7 @@ def _run() -> None:
         entry = work.result()
         with np.errstate(over="ignore", invalid="ignore"):
             expected, stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
-        readable = tensor.is_contiguous() and tensor.numel() > 0 and tensor.data_ptr() % 16 == 0
+        readable = tensor.numel() > 0  # in place, or from a contiguous copy (views, a transposed one)
         print(json.dumps({"label": f"{label} batched", "dtype": entry["dtype"], "fast64": entry["fast64"],
                           "expected": expected, "stats": entry["stats"], "expected_stats": stats,
                           "elements": float(row[4]), "size": int(array.size), "groups": len(groups),
@@ -167,7 +167,7 @@ def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     # the default arena holds a step's tensors: one group per dtype; the 4 KiB one fills and launches early
     assert {r["groups"] for r in results[:count]} == {len(dtypes)}, results[0]
     assert all(r["groups"] > len(dtypes) for r in results[count:len(SETTINGS) * count]), results[-1]
-    # batched: exactly the tensors that can be read in place, one group per dtype among them
+    # batched: every tensor not empty (in place, or a copy of a view), one group per dtype among them
     batched = results[len(SETTINGS) * count:]
     assert [r["batched"] for r in batched] == [r["readable"] for r in batched]
     assert sum(r["batched"] for r in batched) >= count // 2

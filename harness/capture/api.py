@@ -785,7 +785,7 @@ class Capture:
         for remove in step.grad_hooks:
             remove()
         pending = list({id(work): work for _, work in step.results.values()
-                        if isinstance(work, PendingDigest) and work.entry is None}.values())
+                        if isinstance(work, PendingDigest) and not work.fetched}.values())
         rows = self.adapter.fetch_digests([p.values for p in pending]) if pending else None
         self._wait_written()  # the step before: one step written at a time
         index, self._steps = self._steps, self._steps + 1
@@ -803,13 +803,17 @@ class Capture:
             self._write_step(self._tree, step, index, pending, rows)
 
     def _write_step(self, tree: TreeWriter, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
+        if self._process is not None:
+            # the step goes to the writer process while the device still digests, its digests' values after them,
+            # made into entries there: what this thread does once they are there (when the training's next step
+            # begins, the host's busiest moment) is short
+            self._process.write(self._payload(step, index, pending),
+                                None if rows is None else lambda: self._fetched(pending, rows()))
+            return
         if rows is not None:
             for started, row in zip(pending, rows(), strict=True):
                 started.settle(row)
         payload = self._payload(step, index)
-        if self._process is not None:
-            self._process.write(payload)
-            return
         dump = step_dump(self.context, payload)
         stop = self.live is not None and self._check_live(tree, step, index, dump)
         # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
@@ -820,18 +824,28 @@ class Capture:
                                   f"first at {self.diverged.tensor} (written in full: {tree.folder / step_folder(index)}); "
                                   "stopped (on_divergence='stop')")
 
-    def _payload(self, step: _Step, index: int) -> StepPayload:
-        """The step, its digests settled (the writer thread's part of a step)."""
+    @staticmethod
+    def _fetched(pending: list[PendingDigest], values: np.ndarray) -> np.ndarray:
+        """The digests' values kept by their PendingDigests (made into entries if asked: a carried parameter's)."""
+        for work, row in zip(pending, values, strict=True):
+            work.row = row
+        return values
+
+    def _payload(self, step: _Step, index: int, pending: Sequence[PendingDigest] = ()) -> StepPayload:
+        """The step (the writer thread's part of a step): its digests settled, but those of `pending`, whose entries
+        are their rows of the values (StepPayload.settle)."""
         tensors: dict[str, np.ndarray] = {}
-        unstored: dict[str, dict] = {}
+        unstored: dict[str, dict | int] = {}
         stats: dict[str, dict] = {}
+        rows = {id(work): row for row, work in enumerate(pending)}
         order = [name for *_, names in step.records for name in names]
         for name in order:
             if name in step.norms:
                 continue
             array, work = step.results[name]
             if array is None:
-                unstored[name] = work.result()
+                row = rows.get(id(work))
+                unstored[name] = work.result() if row is None else row
             else:
                 tensors[name], stats[name] = array, work.result()
         note = None
@@ -842,7 +856,8 @@ class Capture:
                 warnings.warn(f"xfalign capture {self.folder}, step {index}: {note} (listed in each step's notes.capture)",
                               stacklevel=2)
         return StepPayload(index=index, records=step.records, order=order, tensors=tensors, stats=stats,
-                           unstored=unstored, norms=step.norms, note=note)
+                           unstored=unstored, norms=step.norms, note=note,
+                           digests=[(work.dtype, work.shape, work.nbytes) for work in pending])
 
     def _check_live(self, tree: TreeWriter, step: _Step, index: int, dump: Dump) -> bool:
         """Check the step against the reference's; the first step that differs is kept in full (its held

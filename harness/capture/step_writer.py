@@ -4,12 +4,15 @@ A capture hands each step to its writer thread. That thread waits for the step's
 writes the dump itself, or hands the step (a `StepPayload`: records, digest entries, the few arrays kept) to a
 writer process, which makes the meta, writes the step and the manifest, and answers. In the process, building
 and writing a step never holds the training process's GIL: what the training's process pays per step is the
-payload's pickling and a pipe write (harness.capture.api: writer="process").
+payload's pickling and a pipe write (harness.capture.api: writer="process"). A step's payload is sent before its
+digests' values are on the host, which follow as one array (made into entries in the process): once the device has
+them, at the end of the step, when the training's next step begins, the writer thread takes the GIL only briefly.
 
 The process is a fresh interpreter (`python -m harness.capture.step_writer`), not a fork of the training (CUDA,
 threads) nor a spawn that would re-run the training script. It talks over its stdin/stdout in pickled messages:
 ("open", folder, manifest, staging, context) once per capture, then ("step", payload) and ("list",) (the manifest
-rewritten) answered by None or the failure, then ("close",) answered the same way once the steps are durable; then
+rewritten) answered by None or the failure (a step whose payload lists `digests` is followed by ("values", rows or None:
+the step dropped) before the answer), then ("close",) answered the same way once the steps are durable; then
 it waits for the training process's next capture. It ends at the end of its stdin (the training's process gone).
 The folder stays claimed (flocked) by the training's process.
 """
@@ -23,13 +26,15 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 
 from harness.store.dump import Dump
+from harness.store.fast_hash import PendingDigest
 from harness.store.stats import tensor_stats
 from harness.store.tree import TreeWriter
 from harness.store.tree_format import CaptureInfo, CaptureManifest, Record
@@ -62,15 +67,25 @@ class StepPayload:
     order: list[str]  # every tensor, in record order
     tensors: dict[str, np.ndarray]  # kept in full
     stats: dict[str, dict]  # of the tensors kept in full
-    unstored: dict[str, dict]  # digest-only tensors' entries
+    unstored: dict[str, dict | int]  # digest-only tensors' entries; an int: its row of the values (`settle`)
     norms: dict[str, list[str]]  # a grad norm to compute: its name -> the gradients it is over
     note: str | None  # notes.capture: what was not recorded
+    digests: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)  # per row: dtype, shape, bytes
+
+    def settle(self, values: np.ndarray) -> None:
+        """The entries of the digests whose values came apart (rows of fast_hash.SLOTS, in `digests` order)."""
+        for name, entry in self.unstored.items():
+            if type(entry) is int:
+                work = PendingDigest(*self.digests[entry], None)
+                work.settle(values[entry])
+                self.unstored[name] = work.result()
 
 
 def step_dump(context: StepContext, payload: StepPayload) -> Dump:
     """The step's dump: its meta, and its grad norms computed (float64 sqrt of the sum of the gradients' squared
     L2 norms, from their statistics)."""
-    tensors, stats, unstored = dict(payload.tensors), dict(payload.stats), dict(payload.unstored)
+    assert not any(type(entry) is int for entry in payload.unstored.values()), "StepPayload.settle has not run"
+    tensors, stats, unstored = dict(payload.tensors), dict(payload.stats), cast(dict[str, dict], dict(payload.unstored))
     for name, over in payload.norms.items():
         found = [stats[g] if g in stats else unstored[g]["stats"] for g in over]
         norms = [entry["norm"] for entry in found if entry["norm"] is not None]
@@ -140,8 +155,19 @@ class WriterProcess:
         """Hand it the tree, opened (claimed) by this process, and what every step's meta says."""
         self._call(("open", tree.folder, tree.manifest.model_dump(mode="json"), tree.staging, context), answer=False)
 
-    def write(self, payload: StepPayload) -> None:
-        self._call(("step", payload))
+    def write(self, payload: StepPayload, values: Callable[[], np.ndarray] | None = None) -> None:
+        """Write a step; with `values` (the payload lists `digests`), send the payload, then what values() gives
+        (it may wait for the device), then wait for the answer."""
+        if values is None:
+            self._call(("step", payload))
+            return
+        self._call(("step", payload), answer=False)
+        try:
+            found = values()
+        except BaseException:
+            self._call(("values", None))  # the process drops the step
+            raise
+        self._call(("values", found))
 
     def list_steps(self) -> None:
         """The manifest made to list every step written (TreeWriter.list_steps)."""
@@ -210,6 +236,12 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
         except EOFError:  # the training's process is gone
             return
         kind, *rest = message
+        values = None
+        if kind == "step" and rest[0].digests:  # its values follow: read whatever comes of the step
+            try:
+                _, values = pickle.load(inbox)
+            except EOFError:
+                return
         try:
             if kind == "open":
                 folder, manifest, staging, context = rest
@@ -222,6 +254,11 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
             elif kind == "step":
                 assert tree is not None and context is not None
                 payload = rest[0]
+                if payload.digests:
+                    if values is None:  # the training's process could not fetch them: nothing is written
+                        _send(outbox, None)
+                        continue
+                    payload.settle(values)
                 # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
                 tree.write_step(payload.index, step_dump(context, payload), validate=False)
                 _send(outbox, None)

@@ -570,24 +570,29 @@ def grouped_device_digest(tensor) -> GroupSlot:
 def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
     """The handles of digests of tensors that are at hand together (a step's parameters as it begins, their
     gradients at its end, the optimizer's states): the small ones (at most group_bytes()) of one device, stream and
-    dtype, contiguous, not empty and starting on a 16-byte boundary, read where they are by one launch of
-    `grouped_digest` over their addresses, now (no copy into an arena, no launch each); None for the others
-    (digested one by one by the caller: a large tensor reads faster by the fused kernel, whose grid is capped at the
-    programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped against 0.16 ms)."""
+    dtype, not empty, read where they are by one launch of `grouped_digest` over their addresses, now (no copy into
+    an arena, no launch each); one that is not contiguous or does not start on a 16-byte boundary (a transposed
+    weight, a view) is read from a contiguous copy made now, in stream order, and freed once the launch is queued.
+    None for the others (digested one by one by the caller: a large tensor reads faster by the fused kernel, whose
+    grid is capped at the programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped
+    against 0.16 ms)."""
     found: list[GroupSlot | None] = [None] * len(tensors)
-    # (device index, raw stream, dtype) -> (layout, the tensors' indices, their addresses, their elements): each
-    # tensor's attributes read once (this runs per tensor of a step's parameters, gradients and states)
-    batches: dict[tuple, tuple[tuple[int, bool, bool], list[int], list[int], list[int]]] = {}
+    # (device index, raw stream, dtype) -> (layout, the tensors' indices, the tensors read, their addresses, their
+    # elements): each tensor's attributes read once (this runs per tensor of a step's parameters, gradients, states)
+    batches: dict[tuple, tuple[tuple[int, bool, bool], list[int], list, list[int], list[int]]] = {}
     streams: dict[int, int] = {}  # device index -> its current raw stream
     limit = route()[1]
     for i, tensor in enumerate(tensors):
         layout = _layout(tensor)
         n = tensor.numel()
-        if layout is None or not n or n * tensor.element_size() > limit or not tensor.is_contiguous():
+        if layout is None or not n or n * tensor.element_size() > limit:
             continue
         address = tensor.data_ptr()
-        if address % _ALIGN:
-            continue
+        if address % _ALIGN or not tensor.is_contiguous():
+            tensor = _contiguous_copy(tensor)
+            address = tensor.data_ptr()
+            if address % _ALIGN:
+                continue
         index = tensor.get_device()
         stream = streams.get(index)
         if stream is None:
@@ -595,18 +600,26 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
         key = (index, stream, tensor.dtype)
         batch = batches.get(key)
         if batch is None:
-            batch = batches[key] = (layout, [], [], [])
+            batch = batches[key] = (layout, [], [], [], [])
         batch[1].append(i)
-        batch[2].append(address)
-        batch[3].append(n)
+        batch[2].append(tensor)
+        batch[3].append(address)
+        batch[4].append(n)
     groups = []
-    for key, (layout, indices, addresses, counts) in batches.items():
-        group, slots = Group.in_place(key, [tensors[i] for i in indices], addresses, counts, layout)
+    for key, (layout, indices, read, addresses, counts) in batches.items():
+        group, slots = Group.in_place(key, read, addresses, counts, layout)
         groups.append(group)
         for i, slot in zip(indices, slots, strict=True):
             found[i] = slot
     _launch_by_device(groups)
     return found
+
+
+def _contiguous_copy(tensor) -> Any:
+    """A C-contiguous copy of the tensor in fresh memory (its allocator's alignment), outside the autograd graph."""
+    import torch
+
+    return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
 def _launch_by_device(groups: list[Group]) -> None:

@@ -231,13 +231,19 @@ def fast_entry(array: np.ndarray) -> dict:
 class PendingDigest:
     """A digest an adapter started where the tensor lives (harness.frameworks `device_digest`): `values`
     is the framework's handle to the SLOTS scalars on the device, read by the adapter's `fetch_digests`
-    at the step's end, then `settle` makes the dump entry."""
+    at the step's end, then `settle` makes the dump entry (or `row` keeps them, made into the entry when asked)."""
 
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
     values: Any
     entry: dict | None = field(default=None)
+    row: Any = field(default=None)  # the SLOTS row on the host, not made into the entry yet (`result` does)
+
+    @property
+    def fetched(self) -> bool:
+        """Whether its values are on the host (as the entry, or as `row`)."""
+        return self.entry is not None or self.row is not None
 
     def settle(self, row: np.ndarray) -> None:
         """Make the entry from the SLOTS row moved to the host (float64; S as its bits)."""
@@ -256,6 +262,8 @@ class PendingDigest:
 
     def result(self) -> dict:
         """The entry (as a Future's result: the capture treats both alike)."""
+        if self.entry is None and self.row is not None:
+            self.settle(self.row)
         assert self.entry is not None, "fetch_digests has not run"
         return self.entry
 
