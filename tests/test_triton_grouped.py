@@ -231,6 +231,39 @@ def test_grouped_digest_on_the_device_equals_numpy_and_the_ungrouped_kernel(torc
 
 
 @pytest.mark.gpu
+def test_launches_after_the_first_of_a_specialization_skip_tritons_binding_and_digest_alike(torch, monkeypatch):
+    """A kernel's later launches of a specialization call its compiled launcher directly (harness.frameworks
+    .triton_launch): the same digests as the first launches, for every case (views at odd addresses are their own
+    specializations), grouped and fused; and on the current stream, behind what that stream does first."""
+    from harness.frameworks import triton_digest, triton_launch
+    from harness.frameworks.torch import TorchAdapter, device_digest
+    from harness.store.fast_hash import fast64
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    first = [json.dumps(entry, sort_keys=True) for grouped in (True, False) for entry in _device_step(torch, grouped, monkeypatch)]
+    known = len(triton_launch._FAST)
+    again = [json.dumps(entry, sort_keys=True) for grouped in (True, False) for entry in _device_step(torch, grouped, monkeypatch)]
+    assert known and len(triton_launch._FAST) == known  # no specialization new: every launch the second time direct
+    assert again == first
+    for n in (70_000, 3_000_000):  # grouped, fused
+        source = torch.randn(n, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        found = []
+        with torch.cuda.stream(side):
+            for _ in range(2):  # the first launch Triton's, the second direct
+                target = torch.zeros_like(source)
+                torch.cuda._sleep(50_000_000)  # the copy waits on the side stream: so must the digest
+                target.copy_(source)
+                work = device_digest(target)
+                (row,) = TorchAdapter().fetch_digests([work.values])()
+                work.settle(row)
+                found.append(work.result()["fast64"])
+        assert found == [fast64(source.cpu().numpy())] * 2, n
+
+
+@pytest.mark.gpu
 def test_grouped_digest_is_of_the_tensor_as_it_was_when_digested(torch, monkeypatch):
     """The copy into the arena runs in stream order: an in-place change right after, or a digest on another
     stream than the step's end, does not change what is digested."""

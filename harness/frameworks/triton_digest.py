@@ -93,6 +93,7 @@ import array
 import os
 from typing import Any, NamedTuple
 
+from harness.frameworks import triton_launch
 from harness.frameworks.digest_tables import device_table
 from harness.store import fast_hash
 
@@ -293,8 +294,8 @@ def fused_device_digest(tensor) -> Any:
     launch = _launch(flat, layout)
     out = torch.empty(8 + 7 * launch.programs, dtype=torch.float64, device=flat.device)
     counters, counter = _next_counter(flat.device)
-    compiled = kernel[(launch.programs,)](flat, launch.weights, launch.factors, out, counters, counter, *launch.args,
-                                          **launch.meta)
+    compiled = triton_launch.launch(kernel, launch.programs, (flat, launch.weights, launch.factors, out, counters, counter,
+                                                             *launch.args), launch.meta)
     if launch.resident_key not in _RESIDENT:
         resident = _resident(compiled, launch.meta["num_warps"])
         if resident:
@@ -524,8 +525,8 @@ def _launch_groups(groups: list[Group]) -> None:
     parts = 8 * rows
     for group, count, size, partial in zip(groups, segments, tables, partials, strict=True):
         factors = device_table(device, "V", fast_hash.blocks_of(group.largest))
-        kernel[(group.items,)](group.arena, table[at:], weights, factors, work[8 * row:], work[parts:], count, group.items,
-                               **_grouped_meta(group.arena.dtype, group.width, group.layout))
+        triton_launch.launch(kernel, group.items, (group.arena, table[at:], weights, factors, work[8 * row:], work[parts:],
+                                                   count, group.items), _grouped_meta(group.arena.dtype, group.width, group.layout))
         group.out, group.block, group.row0 = block[row:row + count], block, row
         group.arena = None  # back to torch's allocator (reused, in stream order, by the next step's arena)
         at += size

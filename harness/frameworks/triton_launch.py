@@ -1,0 +1,91 @@
+"""Launching a jitted Triton kernel with less host time than `kernel[grid](...)`.
+
+Triton's `JITFunction.run` binds and specializes every argument, looks the compiled kernel up, checks the globals
+it read and asks the driver for the current device and stream at every launch: on the H200's host (2026-12-03,
+Triton 3.6) a capture's digest launch took ~100 us of Python and a grouped launch ~400 us, a TransformerLayer's
+step 32 + 2 of them. `launch` does that work once per specialization: the first launch of one goes through
+`kernel[grid](...)`, which compiles the kernel or finds it; the later ones call its compiled launcher, on the current
+device's current stream, as Triton's would. A specialization is keyed by more than Triton keys it by (per tensor its
+dtype and whether its address is a multiple of 16; per integer whether it is 1, whether a multiple of 16, and the
+width it is passed as; the current device; every constexpr and option), so a kernel compiled for one is never
+launched for another. Where Triton's launch hooks are set (a profiler), or a compiled kernel lacks what this relies
+on (another Triton version, the interpreter), launches go through `kernel[grid](...)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (kernel, specialization, constexprs and options) -> (the compiled kernel's launcher, its function, its packed
+# metadata, the constexprs' values in the kernel's argument order, the compiled kernel)
+_FAST: dict[tuple, tuple] = {}
+_DIRECT: list[bool] = []  # [whether launches may skip Triton's binding], decided at the first launch
+_CALLS: list[Any] = []  # torch's current device and current raw stream, and Triton's runtime knobs
+
+
+def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
+    """kernel[(programs,)](*args, **meta), its arguments tensors and integers; Triton's compiled kernel."""
+    if not _CALLS:
+        _setup()
+    device = _CALLS[0]()
+    key = (kernel, device, _specialization(args), tuple(meta.items()))
+    found = _FAST.get(key)
+    knobs = _CALLS[2]
+    if found is None or knobs.launch_enter_hook is not None or knobs.launch_exit_hook is not None:
+        compiled = kernel[(programs,)](*args, **meta)
+        if found is None and _DIRECT[0]:
+            _remember(key, kernel, compiled, len(args), meta)
+        return compiled
+    run, function, packed, constants, compiled = found
+    run(programs, 1, 1, _CALLS[1](device), function, packed, None, None, None, *args, *constants)
+    return compiled
+
+
+class _NoHooks:
+    launch_enter_hook = launch_exit_hook = None
+
+
+def _setup() -> None:
+    import torch
+
+    runtime: Any = _NoHooks()
+    direct = torch.cuda.is_available()
+    try:
+        from triton import knobs
+
+        if hasattr(knobs.runtime, "launch_enter_hook") and hasattr(knobs.runtime, "launch_exit_hook"):
+            runtime = knobs.runtime
+        else:
+            direct = False
+    except (ImportError, AttributeError):
+        direct = False
+    _DIRECT[:] = [direct]
+    # without CUDA (Triton's interpreter) every launch is Triton's: no device to ask
+    _CALLS[:] = [torch._C._cuda_getDevice if direct else (lambda: -1),
+                 torch._C._cuda_getCurrentRawStream if direct else None, runtime]
+
+
+def _specialization(args: tuple) -> tuple:
+    """What Triton could specialize the compiled kernel on, per argument (see the module's note)."""
+    found: list[tuple] = []
+    for arg in args:
+        if type(arg) is int:
+            found.append((arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31, arg < 2**63))
+        else:
+            found.append((arg.dtype, arg.data_ptr() % 16 == 0))
+    return tuple(found)
+
+
+def _remember(key: tuple, kernel, compiled, positional: int, meta: dict) -> None:
+    """Keep what launching `compiled` again takes; launches stay Triton's if it lacks that."""
+    try:
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+        constants = tuple(meta[name] for name in kernel.arg_names[positional:])
+    except (AttributeError, KeyError, TypeError):
+        _DIRECT[0] = False
+        return
+    if function is None:
+        return
+    if len(_FAST) >= 4096:  # specializations that keep changing: start over
+        _FAST.clear()
+    _FAST[key] = (run, function, packed, constants, compiled)
