@@ -7,11 +7,11 @@ the ratio to the plain step, this the split of the difference.
 
 Prints, medians over --rounds rounds of each variant (taking turns; a captured round is --steps steps in one
 capture, as scripts/bench_capture.py times them):
-- the plain step, the captured step (per step, up to the capture block's end) and its parts on the training's
-  thread: forward + backward (hooks and the kernels they start), `cap.step()`, the synchronize that waits for
-  the device; the writer thread's time per step (fetching the digests' values, building and writing the dump,
-  or handing it to the writer process: --writer), which overlaps the next step, as wall time and as the thread's
-  CPU time (at most the time it held the training's GIL);
+- the plain step, the captured step (per step, up to the capture block's end; and its steps alone, "loop") and its
+  parts on the training's thread: forward + backward (hooks and the kernels they start), `cap.step()`, the
+  synchronize that waits for the device; the writer thread's time per step (fetching the digests' values, building
+  and writing the dump, or handing it to the writer process: --writer), which overlaps the next step, as wall time
+  and as the thread's CPU time (at most the time it held the training's GIL);
 - the captured step with the digest itself replaced by a constant (hooks, bookkeeping and writing only), and
   "unwritten": digests taken and fetched, but no dump written (the writer thread's share);
 - from torch.profiler over one captured step: device time of the digest kernels and of the model's kernels,
@@ -73,10 +73,12 @@ def captured(model, x, grad, folder: Path, label: str, steps: int, constant: boo
             if x.is_cuda:
                 torch.cuda.synchronize()
             marks.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        loop = time.perf_counter() - start
     total = time.perf_counter() - start
     for part, values in zip(("fwbw", "step", "sync"), zip(*marks)):
         PARTS[f"{label}:{part}"].append(statistics.median(values))
     PARTS[f"{label}:total"].append(total / steps)
+    PARTS[f"{label}:loop"].append(loop / steps)
 
 
 def main() -> None:
@@ -141,7 +143,9 @@ def main() -> None:
             total = statistics.median(PARTS[f"{label}:total"]) * 1e3
             parts = ", ".join(f"{part} {statistics.median(PARTS[f'{label}:{part}']) * 1e3:.2f}"
                               for part in ("fwbw", "step", "sync"))
-            print(f"  {label:<10} {total:8.2f} ms  x{total / plain_ms:.2f}   ({parts} ms)")
+            loop = statistics.median(PARTS[f"{label}:loop"]) * 1e3
+            print(f"  {label:<10} {total:8.2f} ms  x{total / plain_ms:.2f}   loop {loop:.2f} ms x{loop / plain_ms:.2f}   "
+                  f"({parts} ms)")
         print(f"  writer thread per step (all variants; overlaps the next step; writer {args.writer or 'default'}): " + ", ".join(
             f"{part} {statistics.median(values) * 1e3:.2f} ms" for part, values in WRITER.items()))
         sizes = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
