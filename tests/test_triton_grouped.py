@@ -241,10 +241,17 @@ def test_launches_after_the_first_of_a_specialization_skip_tritons_binding_and_d
 
     if not triton_digest.importable():
         pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    from triton.runtime.jit import JITFunction
+
     first = [json.dumps(entry, sort_keys=True) for grouped in (True, False) for entry in _device_step(torch, grouped, monkeypatch)]
     known = len(triton_launch._FAST)
+    tritons = []  # launches through Triton's own binding (`kernel[grid](...)` calls JITFunction.run)
+    run = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *args, **kwargs: tritons.append(self) or run(self, *args, **kwargs))
     again = [json.dumps(entry, sort_keys=True) for grouped in (True, False) for entry in _device_step(torch, grouped, monkeypatch)]
-    assert known and len(triton_launch._FAST) == known  # no specialization new: every launch the second time direct
+    monkeypatch.setattr(JITFunction, "run", run)
+    assert known and len(triton_launch._FAST) == known  # no specialization new
+    assert tritons == []  # every launch the second time direct
     assert again == first
     for n in (70_000, 3_000_000):  # grouped, fused
         source = torch.randn(n, device="cuda")
