@@ -178,3 +178,29 @@ def test_fast_digest_differences_and_format(tmp_path):
 def test_unknown_hash_is_refused(torch, tmp_path):
     with pytest.raises(CaptureError, match="unknown hash 'sha1'"):
         capture(torch.nn.Linear(2, 2), tmp_path / "t", mode="digest", hash="sha1")
+
+
+def test_cpu_tensors_digested_together_are_digested_as_one_by_one(torch):
+    """TorchAdapter.device_digests on the CPU (a step's parameters, gradients, optimizer states): float32 and
+    float64 tensors contiguous and non-empty in one compiled call, the rest (views, bf16, ints, empty, NaN) alone;
+    every entry as `device_digest` makes it (the sums but for their last bits), in the order given."""
+    from harness.frameworks.torch import TorchAdapter
+
+    torch.manual_seed(3)
+    base = torch.randn(70_000, dtype=torch.float64)
+    spoiled = torch.randn(5)
+    spoiled[2] = float("nan")
+    tensors = [torch.randn(128, 64), base, base[1:], torch.randn(8, 6).t(), torch.randn(9).to(torch.bfloat16),
+               torch.arange(7), torch.empty(0), spoiled, torch.randn(1, dtype=torch.float64), torch.randn(3, 3)[1]]
+    adapter = TorchAdapter()
+    digests = adapter.device_digests(tensors)
+    assert [digest.row is not None for digest in digests] == [True, True, True] + [False] * 5 + [True, True]  # batched
+    together = [digest.result() for digest in digests]
+    alone = [adapter.device_digest(tensor).result() for tensor in tensors]
+    for found, expected, tensor in zip(together, alone, tensors, strict=True):
+        label = (tensor.dtype, tuple(tensor.shape))
+        assert {k: v for k, v in found.items() if k != "stats"} == {k: v for k, v in expected.items() if k != "stats"}, label
+        for key, value in expected["stats"].items():
+            assert found["stats"][key] == (value if value is None or key in ("min", "max", "nan", "inf") else
+                                           pytest.approx(value, rel=1e-12)), (label, key)
+    assert together[7]["stats"]["nan"] == 1

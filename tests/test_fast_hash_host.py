@@ -268,3 +268,28 @@ def test_threads_keep_their_own_scratch_buffers():
     with ThreadPoolExecutor(4) as pool:
         found = list(pool.map(lambda array: (fast_entry(array)["fast64"], fast_entry(array)["stats"]), arrays))
     assert found == expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_host_digests_of_many_tensors_are_fast_entrys(seed):
+    """fast_hash.host_digests (one compiled call for a step's float32 and float64 tensors): per tensor the fast64
+    and exact min and max of fast_entry, its sums alike but for their last bits; None for a tensor holding NaN or
+    Inf, which the caller digests alone."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for _ in range(12):
+        n = int(rng.choice([1, 3, 64, BLOCK - 1, BLOCK + 5, 3 * BLOCK]))
+        array = rng.standard_normal(n) * 10.0 ** rng.integers(-5, 5)
+        arrays.append(array.astype(rng.choice([np.float32, np.float64])).reshape(-1, 1) if n % 2 else array.astype(np.float32))
+    spoiled = arrays[seed].copy()
+    spoiled.reshape(-1)[-1] = rng.choice([np.nan, np.inf])
+    arrays[seed] = spoiled
+    found = fast_hash.host_digests([(array.ctypes.data, array.dtype, array.shape) for array in arrays])
+    assert found[seed] is None
+    for i, (array, digest) in enumerate(zip(arrays, found, strict=True)):
+        if i == seed:
+            continue
+        entry, expected = digest.result(), fast_entry(array)
+        assert (entry["dtype"], entry["shape"], entry["fast64"]) == (expected["dtype"], expected["shape"], fast64(array))
+        assert_stats(entry["stats"], expected["stats"], (array.dtype, array.shape))
+        assert (entry["stats"]["min"], entry["stats"]["max"]) == (float(array.min()), float(array.max()))

@@ -295,8 +295,9 @@ class TorchAdapter(FrameworkAdapter):
     def device_digests(self, tensors: list) -> list[PendingDigest | None]:
         # CUDA tensors at hand together: one launch per dtype over their addresses (triton_digest.batched_device_digests)
         # instead of a launch (or an arena copy) each, where the Triton kernels digest; the rest one by one
-        if not any(getattr(tensor, "is_cuda", False) for tensor in tensors) or not triton_digest.route()[0] \
-                or not triton_digest.importable():
+        if not any(getattr(tensor, "is_cuda", False) for tensor in tensors):
+            return self._host_digests(tensors)
+        if not triton_digest.route()[0] or not triton_digest.importable():
             return [self.device_digest(tensor) for tensor in tensors]
         names = {i: name for i, tensor in enumerate(tensors) if tensor.is_cuda and (name := dtype_name_of(tensor)) is not None}
         cuda = list(names)
@@ -308,6 +309,22 @@ class TorchAdapter(FrameworkAdapter):
             found.append(self.device_digest(tensor) if slot is None else
                          PendingDigest(names[i], tuple(tensor.shape), tensor.numel() * tensor.element_size(), slot))
         return found
+
+    def _host_digests(self, tensors: list) -> list[PendingDigest | None]:
+        # CPU tensors at hand together: the float32 and float64 ones contiguous and non-empty in one compiled call
+        # (fast_hash.host_digests), the rest (and any that holds NaN or Inf) one by one
+        if not _HOST_BATCHED:
+            import torch
+
+            _HOST_BATCHED.update({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)})
+        together = [] if self.digest_on_cpu else \
+            [i for i, tensor in enumerate(tensors) if tensor.dtype in _HOST_BATCHED and tensor.is_cpu
+             and tensor.is_contiguous() and tensor.numel()]
+        batched = dict(zip(together, fast_hash.host_digests(
+            [(tensors[i].data_ptr(), _HOST_BATCHED[tensors[i].dtype], tuple(tensors[i].shape)) for i in together]),
+            strict=True))
+        return [found if (found := batched.get(i)) is not None else self.device_digest(tensor)
+                for i, tensor in enumerate(tensors)]
 
     def fetch_digests(self, handles: list):
         import torch
@@ -441,6 +458,9 @@ class TorchAdapter(FrameworkAdapter):
 
 _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump holds it)
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
+
+
+_HOST_BATCHED: dict = {}  # torch.float32 and float64 -> their numpy dtypes (filled at the first use)
 
 
 def dtype_name_of(tensor) -> str | None:

@@ -90,8 +90,43 @@ def _ordered_of(bits, shift, magnitude):  # pragma: no cover - compiled by numba
     return bits ^ ((bits >> shift) & magnitude)
 
 
+def _batch_sums(addresses, counts, wide, weights, factors, block, rows, s_bits):  # pragma: no cover - compiled
+    """`_block_sum_and_sums` of many C-contiguous float32 or float64 tensors at their addresses (`wide`: float64),
+    in one call: a step's parameters, gradients and optimizer states cost one call instead of one each (its
+    arguments' typing, the wrapper's Python). Into row i of `rows` the SLOTS of fast_hash (sum, sum of squares, min,
+    max, elements, then 0 NaN and 0 Inf: the sum is non-finite where either is, and the caller redoes that tensor
+    alone), S into s_bits[i]."""
+    out = np.empty(2)
+    narrow = np.empty(2, np.float32)
+    double = np.empty(2)
+    for i in range(addresses.size):
+        n = counts[i]
+        if wide[i]:
+            values = numba.carray(_float64_at(addresses[i]), n)
+            bits = numba.carray(_int64_at(addresses[i]), n)
+            words = numba.carray(_int32_at(addresses[i]), 2 * n)
+            s = _block_sum_and_sums_c(values, bits, np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF), words, weights,
+                                      factors, block, out, double.view(np.int64))
+            low, high = double[0], double[1]
+        else:
+            values32 = numba.carray(_float32_at(addresses[i]), n)
+            words = numba.carray(_int32_at(addresses[i]), n)
+            s = _block_sum_and_sums_c(values32, words, np.int32(31), np.int32(0x7FFFFFFF), words, weights, factors,
+                                      block, out, narrow.view(np.int32))
+            low, high = np.float64(narrow[0]), np.float64(narrow[1])
+        rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3] = out[0], out[1], low, high
+        rows[i, 4], rows[i, 5], rows[i, 6] = np.float64(n), 0.0, 0.0
+        s_bits[i] = s  # rows' last column, as int64
+
+
 # compiled forms, globals of the functions that call them (set before those are compiled)
 _ordered: Any = None
+_block_sum_and_sums_c: Any = None
+_float32_at: Any = None  # an address (int64) as a typed pointer (`_pointers`)
+_float64_at: Any = None
+_int32_at: Any = None
+_int64_at: Any = None
+numba: Any = None
 
 
 @functools.cache
@@ -101,16 +136,38 @@ def compiled() -> SimpleNamespace | None:
         import numba
     except ImportError:  # pragma: no cover - the lock installs numba; another image may not have it
         return None
-    global _ordered
+    global _ordered, _block_sum_and_sums_c
+    _pointers(numba)
     for cache in (True, False):
         jit = functools.partial(numba.njit, nogil=True, boundscheck=False, cache=cache)
         try:
             _ordered = jit(inline="always")(_ordered_of)
-            return SimpleNamespace(block_sum=jit()(_block_sum),
-                                   block_sum_and_sums=jit(fastmath=_REASSOCIATE)(_block_sum_and_sums))
+            _block_sum_and_sums_c = jit(fastmath=_REASSOCIATE)(_block_sum_and_sums)
+            return SimpleNamespace(block_sum=jit()(_block_sum), block_sum_and_sums=_block_sum_and_sums_c,
+                                   batch_sums=jit()(_batch_sums))
         except RuntimeError:  # no folder numba may cache in (a read-only install, no home folder): compiled each time
             continue
     return None
+
+
+def _pointers(module) -> None:
+    """The intrinsics that read an address as a typed pointer (numba.carray makes the array over it)."""
+    global numba, _float32_at, _float64_at, _int32_at, _int64_at
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    def at(item):
+        def typer(typingctx, address):
+            def codegen(context, builder, signature, args):
+                return builder.inttoptr(args[0], ir.PointerType(context.get_value_type(item)))
+            return types.CPointer(item)(types.int64), codegen
+        typer.__name__ = typer.__qualname__ = f"address_as_{item}"  # an intrinsic is named by its function
+        return intrinsic(typer)
+
+    numba = module
+    _float32_at, _float64_at = at(types.float32), at(types.float64)
+    _int32_at, _int64_at = at(types.int32), at(types.int64)
 
 
 def block_sum_and_sums(kernels: SimpleNamespace, values: np.ndarray, weights: np.ndarray, factors: np.ndarray,

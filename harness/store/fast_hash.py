@@ -268,6 +268,33 @@ class PendingDigest:
         return self.entry
 
 
+def host_digests(tensors: list[tuple[int, np.dtype, tuple[int, ...]]]) -> list[PendingDigest | None]:
+    """Digests computed now, in one compiled call, of C-contiguous, non-empty float32 or float64 tensors in the
+    host's memory, given as (address, dtype, shape): a step's parameters, gradients and optimizer states on the
+    CPU. Each keeps its SLOTS row, made into the entry when asked (`PendingDigest.result`), as a device digest's;
+    fast64 as fast_entry's, the sums of the same kernel. None where numba is missing, or where a tensor holds NaN
+    or Inf (its sum is not finite): digest those one by one. The caller keeps the tensors alive and unchanged
+    until this returns."""
+    kernels = cpu_kernels.compiled()
+    if kernels is None or not tensors:
+        return [None] * len(tensors)
+    count = len(tensors)
+    addresses, counts, wide = np.empty(count, np.int64), np.empty(count, np.int64), np.empty(count, np.bool_)
+    largest = 0
+    for i, (address, dtype, shape) in enumerate(tensors):
+        n = math.prod(shape)
+        addresses[i], counts[i], wide[i] = address, n, dtype.itemsize == 8
+        largest = max(largest, n * dtype.itemsize)
+    rows = np.empty((count, len(SLOTS)))
+    kernels.batch_sums(addresses, counts, wide, block_weights64(), _factors64(blocks_of(largest)), BLOCK, rows,
+                       rows.view(np.int64)[:, 7])
+    found: list[PendingDigest | None] = []
+    for (_, dtype, shape), row, n, total in zip(tensors, rows, counts.tolist(), rows[:, 0].tolist(), strict=True):
+        found.append(PendingDigest(_KERNEL_NAMES[dtype], shape, n * dtype.itemsize, None, row=row)
+                     if math.isfinite(total) else None)
+    return found
+
+
 def settled_digest(array: np.ndarray) -> PendingDigest:
     """A digest computed now, on the host (numpy), for a tensor whose memory is the host's: no copy is
     made, so the caller must not let the tensor change before this returns."""
