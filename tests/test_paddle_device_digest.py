@@ -193,6 +193,25 @@ def test_cpu_keeps_the_host_copy_and_unsupported_dtypes_are_refused(on_cpu, monk
         PaddleAdapter().device_digest(cpu_tensor(on_cpu, np.ones(3, np.int16)))
 
 
+def test_cpu_tensors_at_hand_together_are_read_in_place(on_cpu):
+    """device_digests of a step's CPU tensors: float32 and float64 ones contiguous and not empty digested in place
+    together (fast_hash.host_digests), each entry numpy's of its host copy; the rest (a view, bf16, NaN) left to the
+    capture's host copy (None), in the order given."""
+    from harness.frameworks.paddle import PaddleAdapter
+
+    paddle = on_cpu
+    rng = np.random.default_rng(8)
+    arrays = [rng.standard_normal((128, 64)).astype(np.float32), rng.standard_normal(3 * BLOCK + 1),
+              rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal(5).astype(ml_dtypes.bfloat16),
+              np.array([1.0, np.nan], np.float32), rng.standard_normal(1).astype(np.float32)]
+    tensors = [cpu_tensor(paddle, array) for array in arrays]
+    tensors[2] = tensors[2].T  # a view, not contiguous
+    digests = PaddleAdapter().device_digests(tensors)
+    assert [digest is not None for digest in digests] == [True, True, False, False, False, True]
+    for i in (0, 1, 5):
+        assert_same_entry(digests[i].result(), arrays[i], str(arrays[i].shape))
+
+
 def test_capture_with_paddle_ops_matches_the_default(on_cpu, tmp_path, monkeypatch):
     """A small Paddle model's step captured with hash="fast" through the Paddle ops (one fetch at step())
     and through the default path (numpy on host copies): the same tensors, fast64s and statistics."""

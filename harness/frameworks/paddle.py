@@ -201,6 +201,17 @@ class PaddleAdapter(FrameworkAdapter):
             return paddle_digest.ops_digest(tensor)
         return None
 
+    def host_layout(self, tensor) -> tuple[int, np.dtype, tuple[int, ...]] | None:
+        # a step's CPU parameters, gradients and states read in place (no host copy each, hashed on the pool)
+        if self.digest_on_cpu or not tensor.place.is_cpu_place() or not tensor.size or not tensor.is_contiguous():
+            return None
+        if not _HOST_BATCHED:
+            import paddle
+
+            _HOST_BATCHED.update({paddle.float32: np.dtype(np.float32), paddle.float64: np.dtype(np.float64)})
+        dtype = _HOST_BATCHED.get(tensor.dtype)
+        return None if dtype is None else (tensor.data_ptr(), dtype, tuple(tensor.shape))
+
     def fetch_digests(self, handles: list):
         from harness.frameworks import paddle_digest
 
@@ -243,3 +254,6 @@ class PaddleAdapter(FrameworkAdapter):
             fields |= {"cuda": paddle.version.cuda(), "cudnn": paddle.version.cudnn(),
                        "driver": nvidia_smi("driver_version")}
         return fields
+
+
+_HOST_BATCHED: dict = {}  # paddle.float32 and float64 -> their numpy dtypes (filled at the first use)

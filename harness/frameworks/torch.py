@@ -296,7 +296,7 @@ class TorchAdapter(FrameworkAdapter):
         # CUDA tensors at hand together: one launch per dtype over their addresses (triton_digest.batched_device_digests)
         # instead of a launch (or an arena copy) each, where the Triton kernels digest; the rest one by one
         if not any(getattr(tensor, "is_cuda", False) for tensor in tensors):
-            return self._host_digests(tensors)
+            return super().device_digests(tensors)  # in place, together, where host_layout says they may be
         if not triton_digest.route()[0] or not triton_digest.importable():
             return [self.device_digest(tensor) for tensor in tensors]
         names = {i: name for i, tensor in enumerate(tensors) if tensor.is_cuda and (name := dtype_name_of(tensor)) is not None}
@@ -310,21 +310,15 @@ class TorchAdapter(FrameworkAdapter):
                          PendingDigest(names[i], tuple(tensor.shape), tensor.numel() * tensor.element_size(), slot))
         return found
 
-    def _host_digests(self, tensors: list) -> list[PendingDigest | None]:
-        # CPU tensors at hand together: the float32 and float64 ones contiguous and non-empty in one compiled call
-        # (fast_hash.host_digests), the rest (and any that holds NaN or Inf) one by one
+    def host_layout(self, tensor) -> tuple[int, np.dtype, tuple[int, ...]] | None:
+        if self.digest_on_cpu or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():
+            return None
         if not _HOST_BATCHED:
             import torch
 
             _HOST_BATCHED.update({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)})
-        together = [] if self.digest_on_cpu else \
-            [i for i, tensor in enumerate(tensors) if tensor.dtype in _HOST_BATCHED and tensor.is_cpu
-             and tensor.is_contiguous() and tensor.numel()]
-        batched = dict(zip(together, fast_hash.host_digests(
-            [(tensors[i].data_ptr(), _HOST_BATCHED[tensors[i].dtype], tuple(tensors[i].shape)) for i in together]),
-            strict=True))
-        return [found if (found := batched.get(i)) is not None else self.device_digest(tensor)
-                for i, tensor in enumerate(tensors)]
+        dtype = _HOST_BATCHED.get(tensor.dtype)
+        return None if dtype is None else (tensor.data_ptr(), dtype, tuple(tensor.shape))
 
     def fetch_digests(self, handles: list):
         import torch
