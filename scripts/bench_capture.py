@@ -48,9 +48,13 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from harness.capture import capture
+from harness.frameworks import triton_launch
 from harness.frameworks.megatron_group import one_process_group
 
-HASH_KERNELS = {"fast-torch": "torch"}  # a --hash variant -> XFALIGN_FAST_DIGEST_KERNEL while it runs
+# a --hash variant -> the environment it runs in: fast by the torch ops; fast with Triton's own launch every time
+# (harness.frameworks.triton_launch: side by side with "fast", what the direct launches save)
+HASH_KERNELS = {"fast-torch": {"XFALIGN_FAST_DIGEST_KERNEL": "torch"},
+                "fast-triton-launch": {triton_launch.LAUNCH_VARIABLE: "triton"}}
 
 
 def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
@@ -161,9 +165,11 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: 
         seconds = (time.perf_counter() - start) / steps
         return seconds, seconds
     mode, hash_ = variant
-    kernel, previous = HASH_KERNELS.get(hash_), os.environ.get("XFALIGN_FAST_DIGEST_KERNEL")
-    if kernel:
-        os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = kernel
+    settings = HASH_KERNELS.get(hash_, {})
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    if settings:
+        triton_launch.forget()  # XFALIGN_TRITON_LAUNCH read again
     try:
         with capture(model, folder / f"{mode}-{hash_}", mode=mode, hash=hash_.split("-")[0], optimizer=OPTIMIZER,
                      writer=WRITER) as cap:
@@ -173,10 +179,12 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: 
             loop = time.perf_counter() - start
         seconds = time.perf_counter() - start
     finally:
-        if kernel:
-            os.environ.pop("XFALIGN_FAST_DIGEST_KERNEL", None)
-            if previous is not None:
-                os.environ["XFALIGN_FAST_DIGEST_KERNEL"] = previous
+        for name, value in previous.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+        if settings:
+            triton_launch.forget()
     return seconds / steps, loop / steps
 
 
@@ -195,7 +203,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000, help="--model gpt: its vocabulary")
     parser.add_argument("--heads", type=int, default=32, help="attention heads of --model layer / moe-layer")
     parser.add_argument("--hash", choices=("md5", "fast", *HASH_KERNELS), nargs="+", default=["md5"],
-                        help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA)")
+                        help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA; "
+                             "fast-triton-launch: fast with Triton's own launch every time)")
     parser.add_argument("--no-full", action="store_true", help="leave out the full capture variant")
     parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every step, captured too")
     parser.add_argument("--writer", choices=("thread", "process"), default="thread",

@@ -8,11 +8,13 @@ specialization is keyed by more than Triton keys it by (per tensor its dtype and
 of 16; per integer whether it is 1, whether a multiple of 16, and the width it is passed as, the width alone for
 one the kernel does not specialize; the current device; every constexpr and option), so a kernel compiled for one
 is never launched for another. Where Triton's launch hooks are set (a profiler), or a compiled kernel lacks what
-this relies on (another Triton version, the interpreter), launches go through `kernel[grid](...)`.
+this relies on (another Triton version, the interpreter), launches go through `kernel[grid](...)`; so they do
+everywhere with XFALIGN_TRITON_LAUNCH=triton (read at the first launch, or the first after `forget`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 # (kernel, specialization, constexprs and options) -> (the compiled kernel's launcher, its function, its packed
@@ -53,7 +55,7 @@ def _setup() -> None:
     import torch
 
     runtime: Any = _NoHooks()
-    direct = torch.cuda.is_available()
+    direct = torch.cuda.is_available() and os.environ.get(LAUNCH_VARIABLE, "direct") != "triton"
     try:
         from triton import knobs
 
@@ -67,6 +69,16 @@ def _setup() -> None:
     # without CUDA (Triton's interpreter) every launch is Triton's: no device to ask
     _CALLS[:] = [torch._C._cuda_getDevice if direct else (lambda: -1),
                  torch._C._cuda_getCurrentRawStream if direct else None, runtime]
+
+
+LAUNCH_VARIABLE = "XFALIGN_TRITON_LAUNCH"  # "triton": every launch Triton's own
+
+
+def forget() -> None:
+    """Drop the launches remembered; the next launch reads XFALIGN_TRITON_LAUNCH again."""
+    _FAST.clear()
+    _DIRECT.clear()
+    _CALLS.clear()
 
 
 def _specialization(kernel, args: tuple) -> tuple:
