@@ -53,8 +53,8 @@ from harness.frameworks.megatron_group import one_process_group
 
 # a --hash variant -> the environment it runs in: fast by the torch ops; fast with Triton's own launch every time
 # (harness.frameworks.triton_launch: side by side with "fast", what the direct launches save)
-HASH_KERNELS = {"fast-torch": {"XFALIGN_FAST_DIGEST_KERNEL": "torch"},
-                "fast-triton-launch": {triton_launch.LAUNCH_VARIABLE: "triton"}}
+VARIANT_ENVIRONMENT = {"fast-torch": {"XFALIGN_FAST_DIGEST_KERNEL": "torch"},
+                       "fast-triton-launch": {triton_launch.LAUNCH_VARIABLE: "triton"}}
 
 
 def build(hidden: int, ffn: int, dtype: torch.dtype) -> torch.nn.Module:
@@ -165,7 +165,7 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: 
         seconds = (time.perf_counter() - start) / steps
         return seconds, seconds
     mode, hash_ = variant
-    settings = HASH_KERNELS.get(hash_, {})
+    settings = VARIANT_ENVIRONMENT.get(hash_, {})
     previous = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     if settings:
@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8, help="--model gpt: its layers")
     parser.add_argument("--vocab", type=int, default=32000, help="--model gpt: its vocabulary")
     parser.add_argument("--heads", type=int, default=32, help="attention heads of --model layer / moe-layer")
-    parser.add_argument("--hash", choices=("md5", "fast", *HASH_KERNELS), nargs="+", default=["md5"],
+    parser.add_argument("--hash", choices=("md5", "fast", *VARIANT_ENVIRONMENT), nargs="+", default=["md5"],
                         help="the digest mode's hash(es), each a variant (fast-torch: fast by the torch ops on CUDA; "
                              "fast-triton-launch: fast with Triton's own launch every time)")
     parser.add_argument("--no-full", action="store_true", help="leave out the full capture variant")

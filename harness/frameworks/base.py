@@ -237,8 +237,8 @@ class FrameworkAdapter(ABC):
         return [digest if (digest := found.get(i)) is not None else self.device_digest(tensor)
                 for i, tensor in enumerate(tensors)]
 
-    def host_layout(self, tensor: Any) -> tuple[int, np.dtype, tuple[int, ...]] | None:
-        """(address, numpy dtype, shape) of a float32 or float64 tensor that is contiguous, not empty and in the
+    def host_layout(self, tensor: Any) -> tuple[int, str, tuple[int, ...]] | None:
+        """(address, dtype name, shape) of a float32 or float64 tensor that is contiguous, not empty and in the
         host's memory, which `device_digests` may read in place; None for any other (the default)."""
         return None
 

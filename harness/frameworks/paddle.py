@@ -11,7 +11,7 @@ import numpy as np
 
 from harness.frameworks.base import FrameworkAdapter, Pins, Threads, as_returned, outputs_in_order
 from harness.machine import nvidia_smi
-from harness.store.fast_hash import PendingDigest
+from harness.store.fast_hash import HOST_BATCHED, PendingDigest
 
 # Paddle switches a case may flip (deterministic kernels, oneDNN): saved before each case in a long-lived
 # worker and put back after; a build that does not have one (CPU builds lack the cuDNN ones) skips it.
@@ -201,16 +201,12 @@ class PaddleAdapter(FrameworkAdapter):
             return paddle_digest.ops_digest(tensor)
         return None
 
-    def host_layout(self, tensor) -> tuple[int, np.dtype, tuple[int, ...]] | None:
+    def host_layout(self, tensor) -> tuple[int, str, tuple[int, ...]] | None:
         # a step's CPU parameters, gradients and states read in place (no host copy each, hashed on the pool)
         if self.digest_on_cpu or not tensor.place.is_cpu_place() or not tensor.size or not tensor.is_contiguous():
             return None
-        if not _HOST_BATCHED:
-            import paddle
-
-            _HOST_BATCHED.update({paddle.float32: np.dtype(np.float32), paddle.float64: np.dtype(np.float64)})
-        dtype = _HOST_BATCHED.get(tensor.dtype)
-        return None if dtype is None else (tensor.data_ptr(), dtype, tuple(tensor.shape))
+        name = _HOST_BATCHED.get(str(tensor.dtype))
+        return None if name is None else (tensor.data_ptr(), name, tuple(tensor.shape))
 
     def fetch_digests(self, handles: list):
         from harness.frameworks import paddle_digest
@@ -256,4 +252,4 @@ class PaddleAdapter(FrameworkAdapter):
         return fields
 
 
-_HOST_BATCHED: dict = {}  # paddle.float32 and float64 -> their numpy dtypes (filled at the first use)
+_HOST_BATCHED = {f"paddle.{name}": name for name in HOST_BATCHED}  # a Paddle dtype's str -> the name host_digests reads

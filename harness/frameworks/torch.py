@@ -18,7 +18,7 @@ from harness.frameworks.base import FrameworkAdapter, Pins, Threads, as_returned
 from harness.frameworks.digest_tables import device_table
 from harness.machine import cuda_library, nvidia_smi, version_of
 from harness.store import fast_hash
-from harness.store.fast_hash import SLOTS, PendingDigest, settled_digest
+from harness.store.fast_hash import HOST_BATCHED, SLOTS, PendingDigest, settled_digest
 
 INDUCTOR_CACHE = Path.home() / ".cache" / "xfalign" / "inductor"
 # torch._inductor.config.cpp.simdlen picks the vector ISA of that bit width; any other value falls back to
@@ -310,15 +310,11 @@ class TorchAdapter(FrameworkAdapter):
                          PendingDigest(names[i], tuple(tensor.shape), tensor.numel() * tensor.element_size(), slot))
         return found
 
-    def host_layout(self, tensor) -> tuple[int, np.dtype, tuple[int, ...]] | None:
+    def host_layout(self, tensor) -> tuple[int, str, tuple[int, ...]] | None:
         if self.digest_on_cpu or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():
             return None
-        if not _HOST_BATCHED:
-            import torch
-
-            _HOST_BATCHED.update({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)})
-        dtype = _HOST_BATCHED.get(tensor.dtype)
-        return None if dtype is None else (tensor.data_ptr(), dtype, tuple(tensor.shape))
+        name = dtype_name_of(tensor)
+        return (tensor.data_ptr(), name, tuple(tensor.shape)) if name in HOST_BATCHED else None
 
     def fetch_digests(self, handles: list):
         import torch
@@ -454,7 +450,6 @@ _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump ho
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
 
 
-_HOST_BATCHED: dict = {}  # torch.float32 and float64 -> their numpy dtypes (filled at the first use)
 
 
 def dtype_name_of(tensor) -> str | None:

@@ -32,7 +32,7 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
     key = (kernel, device, _specialization(kernel, args), tuple(meta.items()))
     found = _FAST.get(key)
     knobs = _CALLS[2]
-    if found is None or _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook):
+    if found is None or _hooked(knobs):
         compiled = kernel[(programs,)](*args, **meta)
         if found is None and _DIRECT[0]:
             _remember(key, kernel, compiled, len(args), meta)
@@ -42,9 +42,11 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
     return compiled
 
 
-def _hooked(hook) -> bool:
+def _hooked(knobs) -> bool:
     """Whether a launch hook is set: Triton 3.6 keeps its hooks in a HookChain, never None, empty when none is."""
-    return hook is not None and bool(getattr(hook, "calls", True))
+    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+    return (enter is not None and bool(getattr(enter, "calls", True))) or \
+        (leave is not None and bool(getattr(leave, "calls", True)))
 
 
 class _NoHooks:

@@ -102,15 +102,15 @@ def _batch_sums(addresses, counts, wide, weights, factors, block, rows, s_bits):
     for i in range(addresses.size):
         n = counts[i]
         if wide[i]:
-            values = numba.carray(_float64_at(addresses[i]), n)
-            bits = numba.carray(_int64_at(addresses[i]), n)
-            words = numba.carray(_int32_at(addresses[i]), 2 * n)
+            values = _carray(_float64_at(addresses[i]), n)
+            bits = _carray(_int64_at(addresses[i]), n)
+            words = _carray(_int32_at(addresses[i]), 2 * n)
             s = _block_sum_and_sums_c(values, bits, np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF), words, weights,
                                       factors, block, out, double.view(np.int64))
             low, high = double[0], double[1]
         else:
-            values32 = numba.carray(_float32_at(addresses[i]), n)
-            words = numba.carray(_int32_at(addresses[i]), n)
+            values32 = _carray(_float32_at(addresses[i]), n)
+            words = _carray(_int32_at(addresses[i]), n)
             s = _block_sum_and_sums_c(values32, words, np.int32(31), np.int32(0x7FFFFFFF), words, weights, factors,
                                       block, out, narrow.view(np.int32))
             low, high = np.float64(narrow[0]), np.float64(narrow[1])
@@ -126,7 +126,7 @@ _float32_at: Any = None  # an address (int64) as a typed pointer (`_pointers`)
 _float64_at: Any = None
 _int32_at: Any = None
 _int64_at: Any = None
-numba: Any = None
+_carray: Any = None  # numba.carray, which makes an array over such a pointer
 
 
 @functools.cache
@@ -137,7 +137,7 @@ def compiled() -> SimpleNamespace | None:
     except ImportError:  # pragma: no cover - the lock installs numba; another image may not have it
         return None
     global _ordered, _block_sum_and_sums_c
-    _pointers(numba)
+    _pointers()
     for cache in (True, False):
         jit = functools.partial(numba.njit, nogil=True, boundscheck=False, cache=cache)
         try:
@@ -150,11 +150,11 @@ def compiled() -> SimpleNamespace | None:
     return None
 
 
-def _pointers(module) -> None:
-    """The intrinsics that read an address as a typed pointer (numba.carray makes the array over it)."""
-    global numba, _float32_at, _float64_at, _int32_at, _int64_at
+def _pointers() -> None:
+    """The intrinsics that read an address as a typed pointer, and numba.carray, which makes the array over it."""
+    global _carray, _float32_at, _float64_at, _int32_at, _int64_at
     from llvmlite import ir
-    from numba import types
+    from numba import carray, types
     from numba.extending import intrinsic
 
     def at(item):
@@ -165,7 +165,7 @@ def _pointers(module) -> None:
         typer.__name__ = typer.__qualname__ = f"address_as_{item}"  # an intrinsic is named by its function
         return intrinsic(typer)
 
-    numba = module
+    _carray = carray
     _float32_at, _float64_at = at(types.float32), at(types.float64)
     _int32_at, _int64_at = at(types.int32), at(types.int64)
 

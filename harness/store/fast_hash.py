@@ -200,6 +200,7 @@ def fast64(array: np.ndarray) -> str:
 
 
 _KERNEL_NAMES = {dtype: dtype_name(dtype) for dtype in cpu_kernels.FLOAT_DTYPES}  # what the compiled kernel reads
+HOST_BATCHED = {name: dtype for dtype, name in _KERNEL_NAMES.items()}  # the dtypes host_digests reads, by name
 _FACTORS64: dict[int, np.ndarray] = {}  # blocks -> V[0 .. blocks-1] as int64, what the kernel reads
 
 
@@ -268,9 +269,9 @@ class PendingDigest:
         return self.entry
 
 
-def host_digests(tensors: list[tuple[int, np.dtype, tuple[int, ...]]]) -> list[PendingDigest | None]:
+def host_digests(tensors: list[tuple[int, str, tuple[int, ...]]]) -> list[PendingDigest | None]:
     """Digests computed now, in one compiled call, of C-contiguous, non-empty float32 or float64 tensors in the
-    host's memory, given as (address, dtype, shape): a step's parameters, gradients and optimizer states on the
+    host's memory, given as (address, dtype name, shape): a step's parameters, gradients and optimizer states on the
     CPU. Each keeps its SLOTS row, made into the entry when asked (`PendingDigest.result`), as a device digest's;
     fast64 as fast_entry's, the sums of the same kernel. None where numba is missing, or where a tensor holds NaN
     or Inf (its sum is not finite): digest those one by one. The caller keeps the tensors alive and unchanged
@@ -281,16 +282,16 @@ def host_digests(tensors: list[tuple[int, np.dtype, tuple[int, ...]]]) -> list[P
     count = len(tensors)
     addresses, counts, wide = np.empty(count, np.int64), np.empty(count, np.int64), np.empty(count, np.bool_)
     largest = 0
-    for i, (address, dtype, shape) in enumerate(tensors):
-        n = math.prod(shape)
-        addresses[i], counts[i], wide[i] = address, n, dtype.itemsize == 8
-        largest = max(largest, n * dtype.itemsize)
+    for i, (address, name, shape) in enumerate(tensors):
+        n, size = math.prod(shape), HOST_BATCHED[name].itemsize
+        addresses[i], counts[i], wide[i] = address, n, size == 8
+        largest = max(largest, n * size)
     rows = np.empty((count, len(SLOTS)))
     kernels.batch_sums(addresses, counts, wide, block_weights64(), _factors64(blocks_of(largest)), BLOCK, rows,
                        rows.view(np.int64)[:, 7])
     found: list[PendingDigest | None] = []
-    for (_, dtype, shape), row, n, total in zip(tensors, rows, counts.tolist(), rows[:, 0].tolist(), strict=True):
-        found.append(PendingDigest(_KERNEL_NAMES[dtype], shape, n * dtype.itemsize, None, row=row)
+    for (_, name, shape), row, n, total in zip(tensors, rows, counts.tolist(), rows[:, 0].tolist(), strict=True):
+        found.append(PendingDigest(name, shape, n * HOST_BATCHED[name].itemsize, None, row=row)
                      if math.isfinite(total) else None)
     return found
 
