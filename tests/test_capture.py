@@ -98,6 +98,40 @@ def test_torch_full_records_in_execution_order_with_call_counts_and_exact_gradie
     assert step.meta["framework"] == "megatron" and step.meta["impl"] == "Model" and step.meta["environment"]["torch"]
 
 
+def test_parameters_are_recorded_as_the_forward_pass_read_them_and_a_change_in_it_is_noted(torch, tmp_path):
+    """Parameters are recorded when the forward pass ends (the device busy with it), not as the step begins: the
+    values it read, those of a module it never called too; one the forward pass changed in place is recorded as it
+    ended, and the step's notes name it."""
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Linear(2, 2)
+            self.unused = torch.nn.Linear(2, 1)
+            self.calls = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.calls.add_(1)  # an in-place change of a parameter by the forward pass
+            return self.used(x) * 2
+
+    model = Counting()
+    unused = model.unused.weight.detach().clone()
+    with capture(model, tmp_path / "tree", mode="full") as cap:
+        for _ in range(2):
+            model(torch.ones(3, 2)).sum().backward()
+            cap.step()
+    tree = read_tree(tmp_path / "tree")
+    for index in range(2):
+        step = tree.step(index)
+        assert records(step)[:3] == [("(root)", None, "params"), ("used", None, "params"), ("unused", None, "params")]
+        assert step.tensors["(root):param.calls"].tolist() == [index + 1.0]  # as the forward pass ended
+        assert np.array_equal(step.tensors["unused:param.weight"], unused.numpy())
+        assert "changed in place by the forward pass, recorded as it ended: (root):param.calls" in \
+            step.meta["notes"]["capture"]
+        assert "used:param.weight" not in step.meta["notes"]["capture"]
+
+
 def test_digest_mode_stores_nothing_and_its_md5s_are_those_of_the_full_tensors(torch, tmp_path):
     rng = np.random.default_rng(1)
     model = torch_model(torch, rng)

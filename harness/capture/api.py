@@ -1,5 +1,5 @@
 """`capture(model, path, ...)`: hooks on a model's modules that record, per training step, every selected
-module's inputs, outputs, output gradients, parameters (at the start of the step) and parameter gradients
+module's inputs, outputs, output gradients, parameters (as the step's forward pass read them) and parameter gradients
 (when `step()` is called), and write each step as an xfalign dump (the tree in harness.store.tree_format).
 
     with capture(model, "dumps/side-a", mode="digest") as cap:
@@ -282,7 +282,11 @@ class _Step:
     grad_hooks: list = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # tensors of dtypes no dump holds: "name (dtype)"
     seen: dict[int, tuple] = field(default_factory=dict)  # id(tensor) -> (weak reference, version, full, name)
-    started: bool = False  # parameters recorded (by the first hook of the step)
+    started: bool = False  # the parameters' records made (by the first hook of the step)
+    # per module: (path, its params record's names, its (name, parameter, version as the step began)) not yet recorded
+    params_due: list[tuple[str, list[str], list[tuple[str, Any, int | None]]]] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # parameters changed in place before `_record_params`
+    depth: int = 0  # captured modules' calls under way
     grads_recorded: bool = False  # the parameters' gradients recorded (by step(), or by the optimizer's step)
     loss: list[str] = field(default_factory=list)  # the (train) loss record's tensors: placed before the backward
     # a grad norm xfalign computes when the step is written: its name -> the names of the gradients it is over
@@ -584,15 +588,32 @@ class Capture:
                 step.results[name] = (None, pending)
 
     def _start(self, step: _Step) -> None:
-        """The step's first hook: every selected module's parameters, as they are before it runs (digested
-        together)."""
+        """The step's first hook: every selected module's parameters, the step's first records. They are
+        recorded (`_record_params`) once the forward pass has ended, while the device still runs it, not now, when
+        it waits for the step's first kernel; a parameter changed in place in between is recorded as it is then,
+        and the step's notes say so (a forward pass that changes its parameters is rare)."""
         step.started = True
-        batch = _Batch()
+        version = self.adapter.tensor_version
         for path, params in self.params.items():
-            names = [submitted for name, param in params
-                     if (submitted := self._submit(step, param_tensor(_module_name(path), "param", name), param, path,
-                                                   batch=batch))]
+            names: list[str] = []
             step.records.append((_module_name(path), None, "params", names))
+            step.params_due.append((path, names, [(name, param, version(param)) for name, param in params]))
+
+    def _record_params(self, step: _Step) -> None:
+        """Record (digest together, or copy) the parameters `_start` left: when the forward pass has ended, or
+        earlier, before anything that could change them (the backward pass, loss(), step(), the optimizer)."""
+        if not step.params_due:
+            return
+        batch = _Batch()
+        version = self.adapter.tensor_version
+        for path, names, params in step.params_due:
+            module = _module_name(path)
+            for name, param, began in params:
+                if submitted := self._submit(step, param_tensor(module, "param", name), param, path, batch=batch):
+                    names.append(submitted)
+                    if version(param) != began:
+                        step.changed.append(submitted)
+        step.params_due = []
         self._digest_batch(step, batch)
 
     def _before(self, path: str, args: tuple, kwargs: dict) -> None:
@@ -602,6 +623,7 @@ class Capture:
                 self._start(step)
             call = step.calls.get(path, 0)
             step.calls[path] = call + 1
+            step.depth += 1
         leaves: list[tuple[str, Any]] = []
         self._leaves(args, "", leaves, [0])
         for key, value in (kwargs or {}).items():
@@ -616,6 +638,9 @@ class Capture:
         if not step.open_calls.get(path):
             return  # the call began before the capture did
         call, names = step.open_calls[path].pop()
+        if step.params_due and step.depth == 1:  # the forward pass has ended (the outermost captured call)
+            with self._lock:
+                self._record_params(step)
         leaves: list[tuple[str, Any]] = []
         self._leaves(output, "", leaves, [0])
         module = _module_name(path)
@@ -628,6 +653,7 @@ class Capture:
                 step.grad_hooks.append(self.adapter.hook_grad(tensor, self._grad_hook(step, path, call, slot)))
         with self._lock:
             step.records.append((module, call, "forward", names))
+            step.depth -= 1
 
     def _grad_hook(self, step: _Step, path: str, call: int, slot: str):
         name = call_tensor(_module_name(path), call, "grad_output", slot)
@@ -636,6 +662,9 @@ class Capture:
     def _on_grad(self, step: _Step, key: tuple[str, int], name: str, grad: Any) -> None:
         if step is not self._step or name in step.results or grad is None:
             return  # a later backward through a retained graph: the first gradient is the one recorded
+        if step.params_due:  # the backward pass has begun before the forward pass ended
+            with self._lock:
+                self._record_params(step)
         if self._submit(step, name, grad, key[0]) is None:
             return
         with self._lock:
@@ -654,6 +683,7 @@ class Capture:
         with self._lock:
             if not step.started:
                 self._start(step)
+            self._record_params(step)
             name = train_tensor("loss", 0)
             if self._record_scalar(step, name, value):
                 step.loss = [name]
@@ -689,6 +719,7 @@ class Capture:
             raise CaptureError(f"capture: {what} called outside the `with capture(...)` block")
 
     def _record_grads(self, step: _Step) -> None:
+        self._record_params(step)
         if step.grads_recorded:
             return
         step.grads_recorded = True
@@ -848,13 +879,16 @@ class Capture:
                 unstored[name] = work.result() if row is None else row
             else:
                 tensors[name], stats[name] = array, work.result()
-        note = None
+        notes = []
         if step.skipped:
-            note = f"not recorded (a dtype or layout xfalign dumps do not hold): {', '.join(step.skipped)}"
+            notes.append(f"not recorded (a dtype or layout xfalign dumps do not hold): {', '.join(step.skipped)}")
             if not self._warned_skipped:
                 self._warned_skipped = True
-                warnings.warn(f"xfalign capture {self.folder}, step {index}: {note} (listed in each step's notes.capture)",
+                warnings.warn(f"xfalign capture {self.folder}, step {index}: {notes[0]} (listed in each step's notes.capture)",
                               stacklevel=2)
+        if step.changed:
+            notes.append(f"changed in place by the forward pass, recorded as it ended: {', '.join(step.changed)}")
+        note = "; ".join(notes) or None
         return StepPayload(index=index, records=step.records, order=order, tensors=tensors, stats=stats,
                            unstored=unstored, norms=step.norms, note=note,
                            digests=[(work.dtype, work.shape, work.nbytes) for work in pending])

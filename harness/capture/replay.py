@@ -1,6 +1,6 @@
 """Replay: run one module of side B on what side A's module saw, to stop error accumulation.
 
-A's capture holds, for one call of a module, its inputs, its parameters at the start of the step and its
+A's capture holds, for one call of a module, its inputs, its parameters as the step's forward pass read them and its
 outputs. Replay puts A's inputs and parameters into B's names and layouts (the map's `to_b`), runs B's
 module (or the B modules the map pairs with it, each on its own inputs) forward, brings the outputs back
 into A's names and layouts (`to_a`) and compares them with A's captured outputs, bitwise.

@@ -11,7 +11,7 @@ A tensor's name says which module call and which role it comes from:
     <module>#<call>:input.<key>      keyword tensor inputs
     <module>#<call>:output.<i>       tensor leaves of the output (tuples, lists, dicts flattened)
     <module>#<call>:grad_output.<i>  gradient arriving at output <i> in the backward pass
-    <module>:param.<name>            the module's own parameter at the start of the step
+    <module>:param.<name>            the module's own parameter as the step's forward pass read it
     <module>:grad.<name>             its gradient at the end of the step (main_grad where the framework has one)
 
 With an optimizer captured (`capture(..., optimizer=opt)`), the optimizer step adds, per parameter and under
