@@ -319,6 +319,38 @@ def test_steps_are_fsynced_when_the_block_ends_not_one_by_one(torch, tmp_path, m
     assert expected <= after
 
 
+def test_a_step_made_durable_as_it_goes_is_not_fsynced_again_when_the_block_ends(torch, tmp_path, monkeypatch):
+    """TreeWriter.sync_step (the writer process calls it on a thread of its own after each step): the block's end
+    fsyncs what is left, the manifest and the folders, not that step again."""
+    import os
+    import threading
+
+    model = torch_model(torch, np.random.default_rng(6))
+    synced: list[tuple[str, str]] = []  # (thread, path)
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    tree = tmp_path / "tree"
+    with capture(model, tree, mode="digest", writer="thread") as cap:
+        for _ in range(2):
+            model(torch.ones(2, 3)).sum().backward()
+            cap.step()
+            model.zero_grad()
+        cap.flush()
+        syncer = threading.Thread(target=cap._tree.sync_step, args=("step-00000",), name="syncer")
+        syncer.start()
+        syncer.join()
+    first = {str(path) for path in [tree / "step-00000", *(tree / "step-00000").iterdir()]}
+    second = {str(path) for path in [tree / "step-00001", *(tree / "step-00001").iterdir()]}
+    assert {path for thread, path in synced if thread == "syncer"} == first
+    assert [path for thread, path in synced if path in first and thread != "syncer"] == []
+    assert second | {str(tree), str(tree / "capture.json")} <= {path for thread, path in synced if thread != "syncer"}
+
+
 def test_tree_layout_reader_errors_and_targets(torch, tmp_path):
     model = torch_model(torch, np.random.default_rng(5))
     with capture(model, tmp_path / "tree", mode="digest"):

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
@@ -230,6 +231,9 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
     tree: TreeWriter | None = None
     context: StepContext | None = None
     broken: tuple | None = None  # an open that failed: every later call is answered with it
+    # each step written is made durable by a thread of its own meanwhile, not all at the capture's end
+    syncer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-sync")
+    syncing: list[Future] = []
     while True:
         try:
             message = pickle.load(inbox)
@@ -260,13 +264,17 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
                         continue
                     payload.settle(values)
                 # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
-                tree.write_step(payload.index, step_dump(context, payload), validate=False)
+                written = tree.write_step(payload.index, step_dump(context, payload), validate=False)
                 _send(outbox, None)
+                syncing.append(syncer.submit(tree.sync_step, written.name))
             elif kind == "list":
                 assert tree is not None
                 tree.list_steps()
                 _send(outbox, None)
             elif kind == "close":  # the capture's end: this process waits for the next capture
+                done, syncing = syncing, []
+                for sync in done:  # an fsync that failed fails the close, as finish's own would
+                    sync.result()
                 if tree is not None:
                     tree.finish()
                 tree = context = None

@@ -199,8 +199,8 @@ class TreeWriter:
     same side at the folder is kept until the first step is complete: the steps go to a staging folder beside it,
     swapped in then. Steps and manifest are written atomic but not fsynced
     (an fsync per file and step cost a small model's step several times over): `close` makes them durable, all
-    at once. A folder is written by one writer at a time (in this process, and across processes through an
-    flock on the folder)."""
+    at once, but those `sync_step` made durable already (the writer process does, as it goes). A folder is
+    written by one writer at a time (in this process, and across processes through an flock on the folder)."""
 
     def __init__(self, folder: Path, manifest: CaptureManifest):
         self.folder = folder
@@ -212,6 +212,7 @@ class TreeWriter:
         self._listed = 0  # the steps the manifest written lists
         self._manifest_written = 0.0  # when (time.monotonic())
         self._umask = umask()  # read once: each step's files and folders get their modes from it
+        self._durable: set[str] = set()  # step folders `sync_step` made durable
 
     def open(self) -> None:
         """Claim the folder, check what it holds and write the manifest (no step yet). TreeBusyError: another
@@ -339,9 +340,19 @@ class TreeWriter:
         write_text_atomic(self._target / MANIFEST_FILE, manifest.model_dump_json(indent=1) + "\n")
         self._listed, self._manifest_written = len(self.steps), time.monotonic()
 
+    def sync_step(self, name: str) -> None:
+        """fsync the files and the folder of step folder `name`, written, now: `finish` then leaves it out. Another
+        thread than write_step's may call it (a writer process, between steps)."""
+        for path in (self.folder / name).iterdir():
+            fsync_file(path)
+        fsync_dir(self.folder / name)
+        self._durable.add(name)
+
     def _sync_written(self) -> None:
         """fsync the steps written unsynced, the manifest, and the folder's swap into place."""
         for name in self.steps:
+            if name in self._durable:
+                continue
             for path in (self.folder / name).iterdir():
                 fsync_file(path)
             fsync_dir(self.folder / name)
