@@ -283,8 +283,8 @@ class _Step:
     skipped: list[str] = field(default_factory=list)  # tensors of dtypes no dump holds: "name (dtype)"
     seen: dict[int, tuple] = field(default_factory=dict)  # id(tensor) -> (weak reference, version, full, name)
     started: bool = False  # the parameters' records made (by the first hook of the step)
-    # module -> (its params record's names, its (name, parameter, version as the step began)), not yet recorded
-    params_due: dict[str, tuple[list[str], list[tuple[str, Any, int | None]]]] = field(default_factory=dict)
+    # per module: (path, its params record's names, its (name, parameter, version as the step began)), not yet recorded
+    params_due: list[tuple[str, list[str], list[tuple[str, Any, int | None]]]] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # parameters changed in place before `_record_params`
     depth: int = 0  # captured modules' calls under way
     grads_recorded: bool = False  # the parameters' gradients recorded (by step(), or by the optimizer's step)
@@ -588,33 +588,29 @@ class Capture:
                 step.results[name] = (None, pending)
 
     def _start(self, step: _Step) -> None:
-        """The step's first hook: every selected module's parameters, the step's first records. A module's are
-        recorded (`_record_params`) once its first call has returned, while the device runs the work that call
-        queued, not now, when the device waits for the step's first kernel; a parameter changed in place in between
-        is recorded as it is then, and the step's notes say so (a forward pass that changes its parameters is rare)."""
+        """The step's first hook: every selected module's parameters, the step's first records. They are recorded
+        (`_record_params`) as the forward pass ends, while the device still runs the work it queued, not now, when
+        the device waits for the step's first kernel (one module's each as its call returns: more launches, measured
+        slower). A parameter changed in place meanwhile is recorded as it is then, and the step's notes say so."""
         step.started = True
         version = self.adapter.tensor_version
         for path, params in self.params.items():
             names: list[str] = []
             step.records.append((_module_name(path), None, "params", names))
-            step.params_due[path] = (names, [(name, param, version(param)) for name, param in params])
+            step.params_due.append((path, names, [(name, param, version(param)) for name, param in params]))
 
-    def _record_params(self, step: _Step, path: str | None = None) -> None:
-        """Record (digest together, or copy) the parameters `_start` left: of module `path`, whose first call has
-        returned; or (None) of every module left, when the forward pass has ended, or before anything that could
-        change them (the backward pass, loss(), step(), the optimizer)."""
-        if path is None:
-            due, step.params_due = step.params_due, {}
-        elif path in step.params_due:
-            due = {path: step.params_due.pop(path)}
-        else:
+    def _record_params(self, step: _Step) -> None:
+        """Record (digest together, or copy) the parameters `_start` left: as the forward pass ends, or before
+        anything else that could change them (the backward pass, loss(), step(), the optimizer)."""
+        if not step.params_due:
             return
+        due, step.params_due = step.params_due, []
         batch = _Batch()
         version = self.adapter.tensor_version
-        for module_path, (names, params) in due.items():
-            module = _module_name(module_path)
+        for path, names, params in due:
+            module = _module_name(path)
             for name, param, began in params:
-                if submitted := self._submit(step, param_tensor(module, "param", name), param, module_path, batch=batch):
+                if submitted := self._submit(step, param_tensor(module, "param", name), param, path, batch=batch):
                     names.append(submitted)
                     if version(param) != began:
                         step.changed.append(submitted)
@@ -642,9 +638,9 @@ class Capture:
         if not step.open_calls.get(path):
             return  # the call began before the capture did
         call, names = step.open_calls[path].pop()
-        if step.params_due:  # this module's (its first call has returned); every module's as the forward pass ends
+        if step.params_due and step.depth == 1:  # the forward pass has ended (the outermost captured call)
             with self._lock:
-                self._record_params(step, None if step.depth == 1 else path)
+                self._record_params(step)
         leaves: list[tuple[str, Any]] = []
         self._leaves(output, "", leaves, [0])
         module = _module_name(path)
