@@ -58,7 +58,7 @@ def a_arrays(tree_a, step: int = 0) -> dict[str, np.ndarray]:
 
 
 def paddle_weights_from(tree_a, tensor_map, step: int = 0) -> dict[str, np.ndarray]:
-    """A's parameters at the start of the step, through the map, by Paddle parameter name."""
+    """A's parameters as the step's forward pass read them, through the map, by Paddle parameter name."""
     params_a = {name: array for name, array in a_arrays(tree_a, step).items() if ":param." in name}
     weights = {}
     for name, array in tensor_map.to_b(params_a).items():
