@@ -127,7 +127,7 @@ def test_parameters_are_recorded_as_the_forward_pass_read_them_and_a_change_in_i
         assert records(step)[:3] == [("(root)", None, "params"), ("used", None, "params"), ("unused", None, "params")]
         assert step.tensors["(root):param.calls"].tolist() == [index + 1.0]  # as the forward pass ended
         assert np.array_equal(step.tensors["unused:param.weight"], unused.numpy())
-        assert "changed in place by the forward pass, recorded as it ended: (root):param.calls" in \
+        assert "parameters changed in place since the step began, recorded as the forward pass ended: (root):param.calls" in \
             step.meta["notes"]["capture"]
         assert "used:param" not in step.meta["notes"]["capture"]
 

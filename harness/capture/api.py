@@ -887,7 +887,8 @@ class Capture:
                 warnings.warn(f"xfalign capture {self.folder}, step {index}: {notes[0]} (listed in each step's notes.capture)",
                               stacklevel=2)
         if step.changed:
-            notes.append(f"changed in place by the forward pass, recorded as it ended: {', '.join(step.changed)}")
+            notes.append(f"parameters changed in place since the step began, recorded as the forward pass ended: "
+                         f"{', '.join(step.changed)}")
         note = "; ".join(notes) or None
         return StepPayload(index=index, records=step.records, order=order, tensors=tensors, stats=stats,
                            unstored=unstored, norms=step.norms, note=note,

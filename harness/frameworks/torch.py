@@ -450,8 +450,6 @@ _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump ho
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
 
 
-
-
 def dtype_name_of(tensor) -> str | None:
     """The name (harness.dtypes) of the numpy dtype a torch tensor's bits become; None: none a dump holds."""
     name = _DTYPES.get(tensor.dtype, False)  # per tensor digested: no import, one lookup, where known
