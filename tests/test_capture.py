@@ -287,19 +287,25 @@ def test_steps_are_written_by_a_writer_thread_whose_errors_reach_the_training(to
             written.clear()
 
 
-def test_steps_are_fsynced_when_the_block_ends_not_one_by_one(torch, tmp_path, monkeypatch):
+@pytest.fixture
+def synced(monkeypatch) -> list[tuple[str, str]]:
+    """Every os.fsync from now on, as (the calling thread's name, the path synced); each still done."""
     import os
     import threading
 
-    model = torch_model(torch, np.random.default_rng(6))
-    synced: list[tuple[str, str]] = []  # (thread, path)
+    found: list[tuple[str, str]] = []
     real_fsync = os.fsync
 
     def recording_fsync(fd):
-        synced.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
+        found.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
+    return found
+
+
+def test_steps_are_fsynced_when_the_block_ends_not_one_by_one(torch, tmp_path, synced):
+    model = torch_model(torch, np.random.default_rng(6))
     with capture(model, tmp_path / "tree", mode="digest") as cap:
         for _ in range(2):
             model(torch.ones(2, 3)).sum().backward()
@@ -315,21 +321,12 @@ def test_steps_are_fsynced_when_the_block_ends_not_one_by_one(torch, tmp_path, m
     assert expected <= after
 
 
-def test_a_step_made_durable_as_it_goes_is_not_fsynced_again_when_the_block_ends(torch, tmp_path, monkeypatch):
+def test_a_step_made_durable_as_it_goes_is_not_fsynced_again_when_the_block_ends(torch, tmp_path, synced):
     """TreeWriter.sync_step (the writer process calls it on a thread of its own after each step): the block's end
     fsyncs what is left, the manifest and the folders, not that step again."""
-    import os
     import threading
 
     model = torch_model(torch, np.random.default_rng(6))
-    synced: list[tuple[str, str]] = []  # (thread, path)
-    real_fsync = os.fsync
-
-    def recording_fsync(fd):
-        synced.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
     tree = tmp_path / "tree"
     with capture(model, tree, mode="digest", writer="thread") as cap:
         for _ in range(2):

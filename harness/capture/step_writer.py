@@ -266,6 +266,8 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
                 # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
                 written = tree.write_step(payload.index, step_dump(context, payload), validate=False)
                 _send(outbox, None)
+                # those done keep only their failure, for the close: a long capture holds no future per step
+                syncing = [sync for sync in syncing if not sync.done() or sync.exception() is not None]
                 syncing.append(syncer.submit(tree.sync_step, written.name))
             elif kind == "list":
                 assert tree is not None

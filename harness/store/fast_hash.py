@@ -281,17 +281,18 @@ def host_digests(tensors: list[tuple[int, str, tuple[int, ...]]]) -> list[Pendin
         return [None] * len(tensors)
     count = len(tensors)
     addresses, counts, wide = np.empty(count, np.int64), np.empty(count, np.int64), np.empty(count, np.bool_)
-    largest = 0
+    nbytes = []
     for i, (address, name, shape) in enumerate(tensors):
         n, size = math.prod(shape), HOST_BATCHED[name].itemsize
         addresses[i], counts[i], wide[i] = address, n, size == 8
-        largest = max(largest, n * size)
+        nbytes.append(n * size)
+    largest = max(nbytes)
     rows = np.empty((count, len(SLOTS)))
     kernels.batch_sums(addresses, counts, wide, block_weights64(), _factors64(blocks_of(largest)), BLOCK, rows,
                        rows.view(np.int64)[:, 7])
     found: list[PendingDigest | None] = []
-    for (_, name, shape), row, n, total in zip(tensors, rows, counts.tolist(), rows[:, 0].tolist(), strict=True):
-        found.append(PendingDigest(name, shape, n * HOST_BATCHED[name].itemsize, None, row=row)
+    for (_, name, shape), row, size, total in zip(tensors, rows, nbytes, rows[:, 0].tolist(), strict=True):
+        found.append(PendingDigest(name, shape, size, None, row=row)
                      if math.isfinite(total) else None)
     return found
 

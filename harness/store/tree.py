@@ -351,11 +351,8 @@ class TreeWriter:
     def _sync_written(self) -> None:
         """fsync the steps written unsynced, the manifest, and the folder's swap into place."""
         for name in self.steps:
-            if name in self._durable:
-                continue
-            for path in (self.folder / name).iterdir():
-                fsync_file(path)
-            fsync_dir(self.folder / name)
+            if name not in self._durable:
+                self.sync_step(name)
         if self.steps:
             fsync_file(self.folder / MANIFEST_FILE)
             fsync_dir(self.folder)
