@@ -295,19 +295,22 @@ class TorchAdapter(FrameworkAdapter):
     def device_digests(self, tensors: list) -> list[PendingDigest | None]:
         # CUDA tensors at hand together: one launch per dtype over their addresses (triton_digest.batched_device_digests)
         # instead of a launch (or an arena copy) each, where the Triton kernels digest; the rest one by one
-        if not any(getattr(tensor, "is_cuda", False) for tensor in tensors):
+        on_gpu = [getattr(tensor, "is_cuda", False) for tensor in tensors]
+        if not any(on_gpu):
             return super().device_digests(tensors)  # in place, together, where host_layout says they may be
         if not triton_digest.route()[0] or not triton_digest.importable():
             return [self.device_digest(tensor) for tensor in tensors]
-        names = {i: name for i, tensor in enumerate(tensors) if tensor.is_cuda and (name := dtype_name_of(tensor)) is not None}
-        cuda = list(names)
-        slots = triton_digest.batched_device_digests([tensors[i] for i in cuda])
-        batched = {i: slot for i, slot in zip(cuda, slots, strict=True) if slot is not None}
+        if all(on_gpu):
+            slots = triton_digest.batched_device_digests(tensors)
+        else:  # the CPU's tensors one by one below
+            batched = iter(triton_digest.batched_device_digests([t for t, gpu in zip(tensors, on_gpu, strict=True) if gpu]))
+            slots = [next(batched) if gpu else None for gpu in on_gpu]
         found: list[PendingDigest | None] = []
-        for i, tensor in enumerate(tensors):
-            slot = batched.get(i)
-            found.append(self.device_digest(tensor) if slot is None else
-                         PendingDigest(names[i], tuple(tensor.shape), tensor.numel() * tensor.element_size(), slot))
+        names = _DTYPES
+        for tensor, slot in zip(tensors, slots, strict=True):
+            name = None if slot is None else names.get(tensor.dtype) or dtype_name_of(tensor)
+            found.append(self.device_digest(tensor) if name is None else
+                         PendingDigest(name, tuple(tensor.shape), tensor.nbytes, slot))
         return found
 
     def host_layout(self, tensor) -> tuple[int, str, tuple[int, ...]] | None:
@@ -323,35 +326,36 @@ class TorchAdapter(FrameworkAdapter):
         # triton_digest.launch_groups); a GPU's into pinned memory, asynchronously, done when an event recorded
         # after it on the stream the digests ran on has passed
         triton_digest.launch_groups(handles)
-        by_device: dict = {}  # device -> (handle indices, (part, row) of each, the parts: 1-D, rows of SLOTS)
-        blocks: dict = {}  # id of a block of grouped handles -> its index among its device's parts
-        last = None  # the group of the handle before: a batch's handles come one after another
+        # device -> [handle indices, each one's row among the device's parts stacked, the parts (1-D, rows of SLOTS),
+        # their rows]: a grouped handle's row found per group (its batch's handles come one after another)
+        by_device: dict = {}
+        first_rows: dict = {}  # id of a block of grouped handles (groups launched together) -> its first row
+        width = len(SLOTS)
+        last = None  # the group of the handle before
         for index, handle in enumerate(handles):
             if type(handle) is triton_digest.GroupSlot:
                 group = handle.group
                 if group is not last:
-                    last, row0 = group, group.row0
-                    indices, at, parts = by_device.setdefault(group.device, ([], [], []))
-                    part = blocks.get(id(group.block))
-                    if part is None:  # the rows of the groups launched together, one after another
-                        part = blocks[id(group.block)] = len(parts)
-                        parts.append(group.block.view(-1))
+                    last = group
+                    state = by_device.get(group.device) or by_device.setdefault(group.device, [[], [], [], 0])
+                    first = first_rows.get(id(group.block))
+                    if first is None:  # the rows of the groups launched together, one after another
+                        first = first_rows[id(group.block)] = state[3]
+                        state[2].append(group.block.view(-1))
+                        state[3] += group.block.shape[0]
+                    indices, at, row0 = state[0], state[1], first + group.row0
                 indices.append(index)
-                at.append((part, row0 + handle.index))
+                at.append(row0 + handle.index)
             else:
                 last = None
-                indices, at, parts = by_device.setdefault(handle.device, ([], [], []))
-                indices.append(index)
-                at.append((len(parts), 0))
-                parts.append(handle)
+                state = by_device.get(handle.device) or by_device.setdefault(handle.device, [[], [], [], 0])
+                state[0].append(index)
+                state[1].append(state[3])
+                state[2].append(handle)
+                state[3] += handle.numel() // width
         moves: list[tuple[list[int], list[int], Any, Any]] = []
-        for device, (indices, at, parts) in by_device.items():
-            offsets, total = [], 0  # each part's first row in the block
-            for part in parts:
-                offsets.append(total)
-                total += part.numel() // len(SLOTS)
-            stacked = (torch.cat(parts) if len(parts) > 1 else parts[0]).view(total, len(SLOTS))
-            rows_at = [offsets[part] + row for part, row in at]
+        for device, (indices, rows_at, parts, total) in by_device.items():
+            stacked = (torch.cat(parts) if len(parts) > 1 else parts[0]).view(total, width)
             if device.type != "cuda":
                 moves.append((indices, rows_at, stacked, None))
                 continue

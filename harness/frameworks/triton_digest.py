@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import array
 import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from harness.frameworks import triton_launch
@@ -426,14 +427,18 @@ class Group:
         self.unit = 8 if self.width == 8 else 4
         self.align = _ALIGN // self.width
         self.item_units = ITEM_TILES * (16 // self.unit) * 32 * WARPS
-        self.stream: Any = torch.cuda.current_stream(self.device) if tensor.is_cuda else None
-        # capacity None: no arena (`in_place`: the segments are the tensors themselves)
+        self.cuda = tensor.is_cuda
+        # capacity None: no arena (`in_place`: the segments are the tensors themselves, read in the current stream,
+        # launched at once: no stream of copies to wait for, no copy)
+        copies = self.cuda and capacity is not None
+        self.stream: Any = torch.cuda.current_stream(self.device) if copies else None
         self.capacity = 0 if capacity is None else capacity // self.width  # elements
         self.arena: Any = None if capacity is None else torch.empty(self.capacity, dtype=tensor.dtype, device=self.device)
         self.base = 0 if self.arena is None else self.arena.data_ptr()
-        self.memcpy = _memcpy() if tensor.is_cuda else None
+        self.memcpy = _memcpy() if copies else None
         self.used = 0  # elements
-        self.rows = array.array("q")  # per segment: first item, items, first unit, elements
+        # per segment: first item, items, first unit, elements (`in_place`: the same as a flat int64 array)
+        self.rows: Any = array.array("q")
         self.items = 0
         self.largest = 0  # bytes of the largest segment: the factors V it needs
         self.out: Any = None  # once launched: [segments, 8] float64, rows row0.. of `block`, the launch's handles
@@ -467,17 +472,28 @@ class Group:
         return GroupSlot(self, len(self.rows) // 4 - 1)
 
     @classmethod
-    def in_place(cls, key: tuple, tensors: list, addresses: list[int], counts: list[int],
+    def in_place(cls, key: tuple, tensors: list, addresses: Sequence[int], counts: Sequence[int],
                  layout: tuple[int, bool, bool]) -> tuple[Group, list[GroupSlot]]:
         """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries;
         their addresses and elements given), read where they are: its `arena` is the one at the lowest address, and
         each segment's first unit is counted from there. Launched at once by the caller (nothing is copied: a later
-        change of a tensor must not come between)."""
+        change of a tensor must not come between). The segments' rows as `_segment` makes them, for all at once."""
+        import numpy as np
+
         group = cls(key, tensors[0], layout, None)
-        lowest = min(range(len(addresses)), key=addresses.__getitem__)
+        at = np.array(addresses, dtype=np.int64)
+        elements = np.array(counts, dtype=np.int64)
+        lowest = int(at.argmin())
         group.arena = tensors[lowest].detach()  # only its address is read: no autograd graph around the launch
-        base, unit = addresses[lowest], group.unit
-        return group, [group._segment((address - base) // unit, n) for address, n in zip(addresses, counts, strict=True)]
+        units = -(-elements * group.width // group.unit)
+        items = np.maximum(-(-units // group.item_units), 1)
+        ends = np.cumsum(items)
+        rows = np.empty((len(counts), 4), dtype=np.int64)
+        rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3] = ends - items, items, (at - at[lowest]) // group.unit, elements
+        group.rows = rows.reshape(-1)
+        group.items = int(ends[-1])
+        group.largest = int(elements.max()) * group.width
+        return group, [GroupSlot(group, segment) for segment in range(len(counts))]
 
     def _copy(self, tensor, start: int) -> None:
         """torch's copy_ into the segment, as C-order (any strides, any device guard)."""
@@ -495,7 +511,7 @@ def _launch_groups(groups: list[Group]) -> None:
 
     device = groups[0].device
     segments = [len(group.rows) // 4 for group in groups]
-    cuda = groups[0].stream is not None
+    cuda = groups[0].cuda
     # per group [5, segments] int64: first item, items, first unit, elements, arrivals; each group's table, handles
     # and partial rows start on a 16-byte boundary (the kernel's pointer arguments specialise alike every step)
     tables = [-(-5 * count // 2) * 2 for count in segments]
@@ -508,7 +524,7 @@ def _launch_groups(groups: list[Group]) -> None:
     if cuda:
         current = torch._C._cuda_getCurrentRawStream(groups[0].index)
         for group in groups:
-            if group.raw_stream != current:  # the copies ran on the group's stream; the arena is read on this one
+            if group.stream is not None and group.raw_stream != current:  # the copies ran on the group's stream
                 stream = torch.cuda.current_stream(device)
                 stream.wait_stream(group.stream)
                 group.arena.record_stream(stream)
@@ -570,23 +586,25 @@ def grouped_device_digest(tensor) -> GroupSlot:
 
 def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
     """The handles of digests of tensors that are at hand together (a step's parameters as it begins, their
-    gradients at its end, the optimizer's states): the small ones (at most group_bytes()) of one device, stream and
-    dtype, not empty, read where they are by one launch of `grouped_digest` over their addresses, now (no copy into
-    an arena, no launch each); one that is not contiguous or does not start on a 16-byte boundary (a transposed
+    gradients at its end, the optimizer's states): the small ones (at most group_bytes()) of one device, stream
+    and dtype, not empty, read where they are by one launch of `grouped_digest` over their addresses, now (no copy
+    into an arena, no launch each); one that is not contiguous or does not start on a 16-byte boundary (a transposed
     weight, a view) is read from a contiguous copy made now, in stream order, and freed once the launch is queued.
     None for the others (digested one by one by the caller: a large tensor reads faster by the fused kernel, whose
     grid is capped at the programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped
     against 0.16 ms)."""
     found: list[GroupSlot | None] = [None] * len(tensors)
-    # (device index, raw stream, dtype) -> (layout, the tensors' indices, the tensors read, their addresses, their
-    # elements): each tensor's attributes read once (this runs per tensor of a step's parameters, gradients, states)
-    batches: dict[tuple, tuple[tuple[int, bool, bool], list[int], list, list[int], list[int]]] = {}
+    # (device index, raw stream, dtype) -> [(the tensor's index, the tensor read, its address, its elements)]: this
+    # runs per tensor of a step's parameters, gradients and states, so each tensor's attributes are read once and
+    # the rest is per dtype (`_dtype_facts`) or per batch (`Group.in_place`)
+    batches: dict[tuple, tuple[tuple[int, bool, bool], list[tuple[int, Any, int, int]]]] = {}
     streams: dict[int, int] = {}  # device index -> its current raw stream
     limit = route()[1]
     for i, tensor in enumerate(tensors):
-        layout = _layout(tensor)
+        dtype = tensor.dtype
+        layout, width = _DTYPE_FACTS.get(dtype) or _dtype_facts(tensor)
         n = tensor.numel()
-        if layout is None or not n or n * tensor.element_size() > limit:
+        if layout is None or not n or n * width > limit:
             continue
         address = tensor.data_ptr()
         if address % _ALIGN or not tensor.is_contiguous():
@@ -598,22 +616,27 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
         stream = streams.get(index)
         if stream is None:
             stream = streams[index] = (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0
-        key = (index, stream, tensor.dtype)
-        batch = batches.get(key)
+        batch = batches.get((index, stream, dtype))
         if batch is None:
-            batch = batches[key] = (layout, [], [], [], [])
-        batch[1].append(i)
-        batch[2].append(tensor)
-        batch[3].append(address)
-        batch[4].append(n)
+            batch = batches[index, stream, dtype] = (layout, [])
+        batch[1].append((i, tensor, address, n))
     groups = []
-    for key, (layout, indices, read, addresses, counts) in batches.items():
-        group, slots = Group.in_place(key, read, addresses, counts, layout)
+    for key, (layout, members) in batches.items():
+        indices, read, addresses, counts = zip(*members, strict=True)
+        group, slots = Group.in_place(key, list(read), addresses, counts, layout)
         groups.append(group)
         for i, slot in zip(indices, slots, strict=True):
             found[i] = slot
     _launch_by_device(groups)
     return found
+
+
+_DTYPE_FACTS: dict[Any, tuple[tuple[int, bool, bool] | None, int]] = {}  # torch dtype -> (its _layout, element bytes)
+
+
+def _dtype_facts(tensor) -> tuple[tuple[int, bool, bool] | None, int]:
+    fact = _DTYPE_FACTS[tensor.dtype] = (_layout(tensor), tensor.element_size())
+    return fact
 
 
 def _contiguous_copy(tensor) -> Any:
