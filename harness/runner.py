@@ -118,7 +118,10 @@ def interrupt_handler(signum: int, frame) -> None:
 @contextmanager
 def critical():
     """A SIGINT/SIGTERM (on the main thread) inside the block is held until it ends: what the block writes
-    and records happens whole."""
+    and records happens whole, and a wait on futures or a call into an executor leaves no lock taken (the
+    handler raises between any two bytecodes: raised where concurrent.futures had just taken a future's lock,
+    it left that lock held, so the thread finishing the future, and this process's exit, which joins that
+    thread, waited for ever). Keep such blocks short: the signal waits for them."""
     main = threading.current_thread() is threading.main_thread()
     if main:
         _Critical.depth += 1
@@ -130,6 +133,15 @@ def critical():
             if not _Critical.depth and _Critical.pending is not None:
                 signum, _Critical.pending = _Critical.pending, None
                 raise Interrupted(signum)
+
+
+def _wait_done(futures: list[Future]) -> None:
+    """Return once every one of `futures` is done: short waits, so a signal is handled promptly, each under
+    critical()."""
+    while True:
+        with critical():
+            if not wait(futures, timeout=0.2).not_done:
+                return
 
 
 def _signal_name(number: int) -> str:
@@ -675,8 +687,7 @@ NO_REFERENCE_RUN = "the float64 reference was not run (--no-reference)"
 def _reference_result(job: Future, folder: Path) -> tuple[Dump | None, str, dict]:
     """(the reference's dump, or None and why not, its timings). A reference that fails leaves the case's
     comparison without an arbiter; it does not fail the case."""
-    while not job.done():
-        wait([job], timeout=0.2)  # short waits: a signal is handled promptly
+    _wait_done([job])
     try:
         result = job.result()
     except SideCrashed as error:
@@ -708,25 +719,26 @@ def _wait_all(futures: dict[str, Future], logs: dict[str, Path]) -> dict[str, Du
     raises as soon as it is known, the first in side order among those known; a job of the case not yet
     started is cancelled (one that runs finishes in its worker and is discarded)."""
     while True:
-        finished = all(future.done() for future in futures.values())  # before the checks: no race
-        for side, future in futures.items():
-            if not future.done():
-                continue
-            try:
-                result = future.result()
-            except BaseException:
-                _cancel(futures)
-                raise
-            if isinstance(result, OutputFailed):
-                _cancel(futures)
-                raise OutputError(result.error)
-            if isinstance(result, Failed):
-                _cancel(futures)
-                headline = (result.error.strip().splitlines() or ["?"])[0]
-                raise SideCrashed(f"side {side!r} failed (exit {result.exit}): {headline}{_tail(logs[side])}")
-        if finished:
-            return {side: future.result() for side, future in futures.items()}
-        wait(list(futures.values()), timeout=0.2, return_when=FIRST_COMPLETED)  # short: signals are handled promptly
+        with critical():  # a signal is raised between these checks and waits, not inside them
+            finished = all(future.done() for future in futures.values())  # before the checks: no race
+            for side, future in futures.items():
+                if not future.done():
+                    continue
+                try:
+                    result = future.result()
+                except BaseException:
+                    _cancel(futures)
+                    raise
+                if isinstance(result, OutputFailed):
+                    _cancel(futures)
+                    raise OutputError(result.error)
+                if isinstance(result, Failed):
+                    _cancel(futures)
+                    headline = (result.error.strip().splitlines() or ["?"])[0]
+                    raise SideCrashed(f"side {side!r} failed (exit {result.exit}): {headline}{_tail(logs[side])}")
+            if finished:
+                return {side: future.result() for side, future in futures.items()}
+            wait(list(futures.values()), timeout=0.2, return_when=FIRST_COMPLETED)  # short: a signal is handled promptly
 
 
 def _cancel(futures: dict[str, Future]) -> None:
@@ -856,20 +868,22 @@ def run_cases(cases: list[Case], dump_dirs=lambda case: None, options: RunOption
 
     executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="xfalign-case")
     remaining = iter(cases)
-    pending = deque((case, executor.submit(one, case)) for case in itertools.islice(remaining, parallel))
+    with critical():  # submit takes the executor's locks
+        pending = deque((case, executor.submit(one, case)) for case in itertools.islice(remaining, parallel))
     try:
         while pending:
             case, future = pending[0]
-            while not future.done():
-                wait([future], timeout=0.2)  # short waits: a signal is handled promptly
+            _wait_done([future])
             pending.popleft()
             following = next(remaining, None)
             if following is not None:
-                pending.append((following, executor.submit(one, following)))
+                with critical():
+                    pending.append((following, executor.submit(one, following)))
             yield case, future.result()
     finally:
         # an error or an interrupted run: cases not started are dropped; those running end with their
         # jobs (or at once, when the pool is closed)
-        for _, future in pending:
-            future.cancel()
-        executor.shutdown(wait=False, cancel_futures=True)
+        with critical():
+            for _, future in pending:
+                future.cancel()
+            executor.shutdown(wait=False, cancel_futures=True)

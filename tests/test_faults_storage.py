@@ -467,9 +467,10 @@ def test_interrupted_multi_case_update_says_which_goldens_it_wrote(tmp_path):
                                    "    Path(__file__).with_name('sleeping').write_text('')\n"
                                    "    time.sleep(1000)\n")
     (tmp_path / "b.yaml").write_text(TINY.replace("impl: per_op_rounding", "impl: 'f.py:swiglu'"))
-    # -j 1: b starts when a is done; unbuffered output: its lines are read as they are printed
-    process = subprocess.Popen([sys.executable, "-m", "harness.cli", "gate", "a.yaml", "b.yaml", "--baseline", "base",
-                                "--update", "-j", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # -j 1: b starts when a is done; unbuffered output: its lines are read as they are printed; -X faulthandler:
+    # SIGABRT prints its threads' stacks (`stuck`, if it does not exit)
+    process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "harness.cli", "gate", "a.yaml", "b.yaml",
+                                "--baseline", "base", "--update", "-j", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1"))
     lines, a_written = [], threading.Event()
 
@@ -485,7 +486,10 @@ def test_interrupted_multi_case_update_says_which_goldens_it_wrote(tmp_path):
         wait_for(process, tmp_path / "sleeping", within=120)  # b is inside its user function
         assert a_written.wait(120), "".join(lines)  # and the parent has written and said a's golden
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit within 60 s of SIGINT; output:\n{''.join(lines)}\n{stuck(process)}") from None
         reader.join(timeout=30)
         out, err = "".join(lines), process.stderr.read()
     finally:
@@ -497,6 +501,23 @@ def test_interrupted_multi_case_update_says_which_goldens_it_wrote(tmp_path):
     assert out.strip().splitlines()[-1] == "goldens written: 1 of 2: a"
     assert err.strip() == "xfalign: interrupted by SIGINT"
     assert golden_written(tmp_path / "base" / "cpu-avx2", "a") and Golden.read(tmp_path / "base" / "cpu-avx2", "b") is None
+
+
+def stuck(process: subprocess.Popen) -> str:
+    """Where a process that does not exit waits: its process tree (state, kernel wait), then its threads' stacks
+    (it runs with -X faulthandler: SIGABRT prints them on its stderr, and ends it)."""
+    rows = [row.split(None, 5) for row in subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,stat=,etimes=,wchan:32=,args="],
+                                                         capture_output=True, text=True).stdout.splitlines()]
+    tree, grown = set(), {str(process.pid)}
+    while grown != tree:  # its descendants, listed in any order
+        tree, grown = grown, grown | {row[0] for row in rows if row[1] in grown}
+    listed = "\n".join(" ".join(row) for row in rows if row[0] in tree)
+    process.send_signal(signal.SIGABRT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        return f"process tree (pid ppid stat seconds wchan args):\n{listed}\n(no stacks: SIGABRT did not end it)"
+    return f"process tree (pid ppid stat seconds wchan args):\n{listed}\nits stderr and stacks:\n{process.stderr.read()}"
 
 
 def golden_written(baseline: Path, case: str) -> bool:
