@@ -325,6 +325,29 @@ def test_batched_digest_reads_the_tensors_in_place_as_they_are_then(torch, monke
         _check(_expected(label, array, work.result()))
 
 
+@pytest.mark.gpu
+def test_tensors_at_hand_together_on_the_host_and_the_gpu_are_each_digested_where_they_live(torch, monkeypatch):
+    """One TorchAdapter.device_digests call over CPU and CUDA tensors interleaved: the CUDA ones batched, the CPU
+    ones digested on the host, every digest numpy's, in the order given."""
+    from harness.frameworks import triton_digest
+    from harness.frameworks.torch import TorchAdapter
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    triton_digest.forget_route()
+    mixed = [case for pair in zip(cases("cpu"), cases("cuda"), strict=True) for case in pair]
+    adapter = TorchAdapter()
+    pending = adapter.device_digests([tensor for _, tensor, _ in mixed])
+    assert all(not isinstance(work.values, triton_digest.GroupSlot) for work in pending[::2])  # the host's
+    assert sum(isinstance(work.values, triton_digest.GroupSlot) for work in pending[1::2]) >= len(mixed) // 4
+    unsettled = [work for work in pending if not work.fetched]
+    for work, row in zip(unsettled, adapter.fetch_digests([work.values for work in unsettled])(), strict=True):
+        work.settle(row)
+    for (label, _, array), work in zip(mixed, pending, strict=True):
+        _check(_expected(label, array, work.result()))
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     _run()

@@ -586,17 +586,17 @@ def grouped_device_digest(tensor) -> GroupSlot:
 
 def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
     """The handles of digests of tensors that are at hand together (a step's parameters as it begins, their
-    gradients at its end, the optimizer's states): the small ones (at most group_bytes()) of one device, stream
-    and dtype, not empty, read where they are by one launch of `grouped_digest` over their addresses, now (no copy
-    into an arena, no launch each); one that is not contiguous or does not start on a 16-byte boundary (a transposed
+    gradients at its end, the optimizer's states): the small ones (at most group_bytes()) of one device, stream and
+    dtype, not empty, read where they are by one launch of `grouped_digest` over their addresses, now (no copy into
+    an arena, no launch each); one that is not contiguous or does not start on a 16-byte boundary (a transposed
     weight, a view) is read from a contiguous copy made now, in stream order, and freed once the launch is queued.
     None for the others (digested one by one by the caller: a large tensor reads faster by the fused kernel, whose
     grid is capped at the programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped
     against 0.16 ms)."""
     found: list[GroupSlot | None] = [None] * len(tensors)
-    # (device index, raw stream, dtype) -> [(the tensor's index, the tensor read, its address, its elements)]: this
-    # runs per tensor of a step's parameters, gradients and states, so each tensor's attributes are read once and
-    # the rest is per dtype (`_dtype_facts`) or per batch (`Group.in_place`)
+    # (device index, raw stream, dtype) -> (layout, [(the tensor's index, the tensor read, its address, its elements)]):
+    # this runs per tensor of a step's parameters, gradients and states, so each tensor's attributes are read once
+    # and the rest is per dtype (`_dtype_facts`) or per batch (`Group.in_place`)
     batches: dict[tuple, tuple[tuple[int, bool, bool], list[tuple[int, Any, int, int]]]] = {}
     streams: dict[int, int] = {}  # device index -> its current raw stream
     limit = route()[1]
