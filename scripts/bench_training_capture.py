@@ -3,8 +3,12 @@ GPTModel without attention, torch AdamW over megatron-core's param groups, the c
 step without capture and with capture(mode="digest", hash="fast", optimizer=...) and the loss and grad norm
 recorded, each a run of the demo's steps, alternating, --rounds times; medians and ranges.
 
-    python3 scripts/bench_training_capture.py [--rounds 7] [--writer thread|process]
+    python3 scripts/bench_training_capture.py [--rounds 7] [--writer thread|process] [--parts]
         [--hidden 64 --ffn 64 --vocab 128 --layers 2 --seq 128 --batch 8]
+
+--parts also times, in the same rounds, captures with a part of their work dropped (the writer's: no step written;
+the module hooks': no activation or activation gradient recorded; both): what a part costs is the full capture's
+step less that one's. A measurement aid only: those captures' trees are incomplete.
 
 The demo's own sizes (the defaults) keep every float32 GEMM's inner dimension <= 192, where its bitwise Paddle
 variant can follow torch's MKL kernels; --hidden 512 --ffn 1024 --vocab 4096 --seq 512 --batch 8 is a step
@@ -30,17 +34,25 @@ from lm_setup import SIZES, batches  # noqa: E402
 
 from harness.capture import capture  # noqa: E402
 
+# --parts: the captures timed with a part of their work dropped, and what each drops
+DROPPED = {"full": (), "no writing": ("writing",), "no module hooks": ("hooks",), "neither": ("writing", "hooks")}
 
-def seconds_per_step(sizes, captured: bool, folder: Path, writer: str = "thread") -> tuple[float, float]:
+
+def seconds_per_step(sizes, captured: bool, folder: Path, writer: str = "thread",
+                     drop: tuple[str, ...] = ()) -> tuple[float, float]:
     """Seconds per step of a run of the demo's steps: the whole run (a captured one's `with` block, its entry and
     its exit, which waits for the last step's write and makes the tree durable, included), and its training loop
-    alone."""
+    alone. `drop` (--parts): "writing" skips the writer's work per step, "hooks" the module hooks' work."""
     trainer = M.Trainer(M.build_gpt(sizes))
     data = batches(sizes)
     start = time.perf_counter()
     if captured:
         with capture(trainer.model, folder, mode="digest", hash="fast", optimizer=trainer.optimizer,
                      writer=writer) as cap:
+            if "writing" in drop:
+                cap._write = lambda *args: None
+            if "hooks" in drop:
+                cap._before = cap._after = lambda *args: None
             began = time.perf_counter()
             M.train(trainer, data, on_loss=cap.loss, on_norm=cap.grad_norm)
             ended = time.perf_counter()
@@ -55,26 +67,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--writer", choices=("thread", "process"), default="thread", help="the capture's writer")
+    parser.add_argument("--parts", action="store_true", help="also time captures with a part of their work dropped")
     for field in ("hidden", "ffn", "vocab", "layers", "seq", "batch", "steps"):
         parser.add_argument(f"--{field}", type=int, default=getattr(SIZES, field))
     args = parser.parse_args()
     sizes = dataclasses.replace(SIZES, **{f: getattr(args, f) for f in ("hidden", "ffn", "vocab", "layers", "seq", "batch", "steps")})
-    times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    variants = ["no capture"] + (list(DROPPED) if args.parts else ["full"])
+    times: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}
+
+    def run(variant: str, folder: Path) -> tuple[float, float]:
+        return seconds_per_step(sizes, variant != "no capture", folder, args.writer, DROPPED.get(variant, ()))
+
     with M.megatron_group(), tempfile.TemporaryDirectory() as tmp:
-        for captured in (False, True):  # warm-up
-            seconds_per_step(sizes, captured, Path(tmp) / "warm", args.writer)
+        for variant in variants:  # warm-up
+            run(variant, Path(tmp) / f"warm-{variant}")
         for round_ in range(args.rounds):
-            for captured in ((False, True) if round_ % 2 == 0 else (True, False)):
-                times[captured].append(seconds_per_step(sizes, captured, Path(tmp) / f"r{round_}", args.writer))
+            for variant in (variants if round_ % 2 == 0 else variants[::-1]):
+                times[variant].append(run(variant, Path(tmp) / f"r{round_}-{variant}"))
     print(f"demo GPTModel hidden {sizes.hidden}, ffn {sizes.ffn}, vocab {sizes.vocab}, layers {sizes.layers}, "
           f"{sizes.seq * sizes.batch} tokens, float32, {torch.get_num_threads()} torch threads; medians of {args.rounds} "
           f"runs of {sizes.steps} steps; load average {os.getloadavg()[0]:.2f}")
     for part, label in ((0, "the whole run"), (1, "its training loop alone (no capture's entry and exit)")):
-        plain, captured = ([t[part] * 1e3 for t in times[flag]] for flag in (False, True))
-        ratio = statistics.median(captured) / statistics.median(plain)
+        milliseconds = {variant: [t[part] * 1e3 for t in times[variant]] for variant in variants}
+        plain = statistics.median(milliseconds["no capture"])
         print(f"  per step, {label}:")
-        print(f"    no capture             {spread(plain)}")
-        print(f"    digest, fast, +optim., writer {args.writer:<7} {spread(captured)}  x{ratio:.2f}")
+        print(f"    {'no capture':<36} {spread(milliseconds['no capture'])}")
+        for variant in variants[1:]:
+            ratio = statistics.median(milliseconds[variant]) / plain
+            name = "digest, fast, +optim., writer " + args.writer if variant == "full" else f"  {variant}"
+            print(f"    {name:<36} {spread(milliseconds[variant])}  x{ratio:.2f}")
 
 
 def spread(milliseconds: list[float]) -> str:
