@@ -174,6 +174,44 @@ def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     assert {r["groups"] for r in batched} == {len({r["dtype"] for r in batched if r["batched"]})}
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "int8"])
+def test_a_batch_read_in_place_has_the_segment_rows_one_by_one_would_make(dtype):
+    """Group.in_place makes its segments' rows for the whole batch at once (numpy): the same rows, item count and
+    largest segment as `_segment` called per tensor, for tensors of many sizes (empty-sized ones excepted: the batch
+    leaves them out) at 16-byte aligned addresses in any order, some items long."""
+    import numpy as np
+    import torch
+
+    from harness.frameworks import triton_digest
+
+    dtype_ = getattr(torch, dtype)
+    rng = np.random.default_rng(7)
+    sizes = [1, 3, 7, 8, 9, 1000, 4097, 70_001, 2, 129, 300_000, 5]
+    width = torch.empty(0, dtype=dtype_).element_size()
+    align = 16 // width
+    offsets, at = [], 0
+    for n in sizes:
+        offsets.append(at)
+        at += -(-n // align) * align + align * int(rng.integers(0, 3))  # gaps between segments
+    buffer = torch.zeros(at + align, dtype=dtype_)
+    start = (-buffer.data_ptr() % 16) // width  # the first 16-byte boundary in the buffer
+    order = rng.permutation(len(sizes))  # the batch in another order than the addresses
+    tensors = [buffer[start + offsets[i]:start + offsets[i] + sizes[i]] for i in order]
+    addresses = [tensor.data_ptr() for tensor in tensors]
+    counts = [tensor.numel() for tensor in tensors]
+    layout = triton_digest._layout(tensors[0])
+    key = (-1, 0, dtype_)
+    group, slots = triton_digest.Group.in_place(key, tensors, addresses, counts, layout)
+    one_by_one = triton_digest.Group(key, tensors[0], layout, 16)
+    base = min(addresses)
+    for address, n in zip(addresses, counts, strict=True):
+        one_by_one._segment((address - base) // one_by_one.unit, n)
+    assert list(group.rows) == list(one_by_one.rows)
+    assert (group.items, group.largest) == (one_by_one.items, one_by_one.largest)
+    assert [slot.index for slot in slots] == list(range(len(sizes))) and all(slot.group is group for slot in slots)
+    assert group.arena.data_ptr() == base
+
+
 def test_group_bytes_names_the_variable_on_bad_input(monkeypatch):
     from harness.frameworks import triton_digest
 
