@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -306,9 +307,8 @@ class TorchAdapter(FrameworkAdapter):
             batched = iter(triton_digest.batched_device_digests([t for t, gpu in zip(tensors, on_gpu, strict=True) if gpu]))
             slots = [next(batched) if gpu else None for gpu in on_gpu]
         found: list[PendingDigest | None] = []
-        names = _DTYPES
         for tensor, slot in zip(tensors, slots, strict=True):
-            name = None if slot is None else names.get(tensor.dtype) or dtype_name_of(tensor)
+            name = None if slot is None else dtype_name_of(tensor)
             found.append(self.device_digest(tensor) if name is None else
                          PendingDigest(name, tuple(tensor.shape), tensor.nbytes, slot))
         return found
@@ -328,7 +328,7 @@ class TorchAdapter(FrameworkAdapter):
         triton_digest.launch_groups(handles)
         # device -> [handle indices, each one's row among the device's parts stacked, the parts (1-D, rows of SLOTS),
         # their rows]: a grouped handle's row found per group (its batch's handles come one after another)
-        by_device: dict = {}
+        by_device: defaultdict = defaultdict(lambda: [[], [], [], 0])
         first_rows: dict = {}  # id of a block of grouped handles (groups launched together) -> its first row
         width = len(SLOTS)
         last = None  # the group of the handle before
@@ -337,7 +337,7 @@ class TorchAdapter(FrameworkAdapter):
                 group = handle.group
                 if group is not last:
                     last = group
-                    state = by_device.get(group.device) or by_device.setdefault(group.device, [[], [], [], 0])
+                    state = by_device[group.device]
                     first = first_rows.get(id(group.block))
                     if first is None:  # the rows of the groups launched together, one after another
                         first = first_rows[id(group.block)] = state[3]
@@ -348,7 +348,7 @@ class TorchAdapter(FrameworkAdapter):
                 at.append(row0 + handle.index)
             else:
                 last = None
-                state = by_device.get(handle.device) or by_device.setdefault(handle.device, [[], [], [], 0])
+                state = by_device[handle.device]
                 state[0].append(index)
                 state[1].append(state[3])
                 state[2].append(handle)

@@ -472,7 +472,7 @@ class Group:
         return GroupSlot(self, len(self.rows) // 4 - 1)
 
     @classmethod
-    def in_place(cls, key: tuple, tensors: list, addresses: Sequence[int], counts: Sequence[int],
+    def in_place(cls, key: tuple, tensors: Sequence, addresses: Sequence[int], counts: Sequence[int],
                  layout: tuple[int, bool, bool]) -> tuple[Group, list[GroupSlot]]:
         """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries;
         their addresses and elements given), read where they are: its `arena` is the one at the lowest address, and
@@ -623,7 +623,7 @@ def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
     groups = []
     for key, (layout, members) in batches.items():
         indices, read, addresses, counts = zip(*members, strict=True)
-        group, slots = Group.in_place(key, list(read), addresses, counts, layout)
+        group, slots = Group.in_place(key, read, addresses, counts, layout)
         groups.append(group)
         for i, slot in zip(indices, slots, strict=True):
             found[i] = slot
