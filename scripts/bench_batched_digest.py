@@ -1,6 +1,6 @@
 """Digests of tensors at hand together (a step's parameters, gradients, optimizer states) on a GPU: batched
 (`TorchAdapter.device_digests`: the small ones read in place by one grouped launch per dtype over their addresses,
-the large ones by the fused kernel, harness.frameworks.triton_digest `batched_device_digests`) against one fused
+the large ones by the fused kernel, harness.frameworks.triton_batch) against one fused
 launch each, taking turns: the device time of each set and the host time per tensor, medians over --rounds
 rounds; each round's fast64s of both compared (any difference exits 1).
 

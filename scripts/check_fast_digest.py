@@ -9,12 +9,12 @@ harness.frameworks.triton_digest, `fused_device_digest`, one launch per tensor: 
 "torch" (torch ops, XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path; on
 CUDA then a step of 100 small tensors (STEP: mixed sizes and dtypes, some not contiguous), checked per tensor
 against numpy on the grouped and fused paths (and on the grouped path digested together, as a step's parameters
-are: TorchAdapter.device_digests), and its CPU cost per tensor on each, side by side (the digests plus the step's
-fetch_digests, the GPU kept busy so that nothing waits for it; --steps steps, the
-median and the range), the time of one digest of a large bf16 tensor per path, with --sweep the time of the
-default kernel under other tile and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for
-bit), then "ALL EQUAL" (exit 0) or the differences (exit 1; also when a Triton path is asked for and triton
-cannot be imported).
+are: TorchAdapter.device_digests, twice: a plan made, then launched again), and its CPU cost per tensor on each,
+side by side (the digests plus the step's fetch_digests, the GPU kept busy so that nothing waits for it; --steps
+steps, the median and the range; together also with a new plan each step, as for tensors not seen before),
+the time of one digest of a large bf16 tensor per path, with --sweep the time of the default kernel under other
+tile and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for bit), then "ALL EQUAL" (exit 0)
+or the differences (exit 1; also when a Triton path is asked for and triton cannot be imported).
 
     python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths grouped fused torch] [--steps 20] [--sweep]
 """
@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from harness.frameworks import triton_digest
+from harness.frameworks import triton_batch, triton_digest
 from harness.frameworks.torch import TorchAdapter, device_digest
 from harness.store.fast_hash import BLOCK, fast64, stats_mismatches
 from harness.store.stats import tensor_stats
@@ -153,7 +153,7 @@ def step_check(tensors: list, path: str, adapter: TorchAdapter, together: bool =
 
 
 def step_host_cost(tensors: list, path: str, adapter: TorchAdapter, steps: int,
-                   together: bool = False) -> tuple[list, list, list]:
+                   together: bool = False, replan: bool = False) -> tuple[list, list, list]:
     """Per step of `tensors`: microseconds of CPU per tensor for device_digest of each and the step's
     fetch_digests (the launches and the copy to the host started, not waited for: a capture's writer thread
     waits), the GPU kept busy by a sleep so that no call waits for it; the part of it in device_digest; and
@@ -163,6 +163,8 @@ def step_host_cost(tensors: list, path: str, adapter: TorchAdapter, steps: int,
     the GPU's length ran the next step 1.7-3.0 us per tensor slower (6 runs, H200 host, torch 2.11, 2026-12-03)."""
     use(path)
     def digest_step() -> list:
+        if replan:  # none kept: the step's tensors as if new ones, a plan made (triton_batch)
+            triton_batch._PLANS.clear()
         return adapter.device_digests(tensors) if together else [device_digest(tensor) for tensor in tensors]
 
     for _ in range(2):  # warm: compiled kernels, the pinned buffers, the arenas' sizes
@@ -245,26 +247,33 @@ def main() -> int:
     if device == "cuda":
         tensors = step_tensors()
         triton_paths = [path for path in paths if path != "torch" and triton_digest.importable()]
-        # (path, together): one by one as a capture's hooks digest, and on the grouped path also the step's tensors
-        # digested together (TorchAdapter.device_digests, as a step's parameters, gradients and states are)
-        ways = [(path, False) for path in triton_paths] + [("grouped", True)] * ("grouped" in triton_paths)
-        costs: dict[tuple[str, bool], tuple[list, list, list]] = {}
-        for path, together in ways:
-            wrong = step_check(tensors, path, adapter, together)
+        # (path, how): one by one ("each") as a capture's hooks digest, and on the grouped path also the step's
+        # tensors digested together (TorchAdapter.device_digests, as a step's parameters, gradients and states are),
+        # by the plan of the same tensors the step before, and by a new plan each step (the tensors as if new)
+        ways = [(path, "each") for path in triton_paths] + \
+            [("grouped", "together"), ("grouped", "together, new plan")] * ("grouped" in triton_paths)
+        costs: dict[tuple[str, str], tuple[list, list, list]] = {}
+        for path, how in ways:
+            if how == "together, new plan":
+                continue  # as the first of the two checks of "together"
+            together = how == "together"
+            # together twice: a plan made, then launched again
+            wrong = sum(step_check(tensors, path, adapter, together) for _ in range(1 + together))
             differences += wrong
-            checked += len(tensors)
-            print(f"step of {len(tensors)} small tensors, path {path}{', together' * together}: "
+            checked += len(tensors) * (1 + together)
+            print(f"step of {len(tensors)} small tensors, path {path}, {how}{' (twice)' * together}: "
                   f"{'ALL EQUAL' if not wrong else f'{wrong} DIFFERENT'} to numpy")
         for _ in range(2):  # the ways take turns: the ranges are over both rounds' steps
-            for way in ways:
-                for kept, found in zip(costs.setdefault(way, ([], [], [])),
-                                       step_host_cost(tensors, *way[:1], adapter, args.steps, together=way[1]), strict=True):
+            for path, how in ways:
+                for kept, found in zip(costs.setdefault((path, how), ([], [], [])),
+                                       step_host_cost(tensors, path, adapter, args.steps, together=how != "each",
+                                                      replan=how == "together, new plan"), strict=True):
                     kept.extend(found)
-        for (path, together), (host, digesting, gpu) in costs.items():
-            how = "device_digests of all + fetch_digests; device_digests" if together else \
-                "device_digest each + fetch_digests; device_digest"
+        for (path, way), (host, digesting, gpu) in costs.items():
+            how = "device_digest each + fetch_digests; device_digest" if way == "each" else \
+                "device_digests of all + fetch_digests; device_digests"
             print(f"step of {len(tensors)} small tensors ({sum(t.numel() * t.element_size() for t in tensors) / 2**20:.1f} MiB), "
-                  f"path {path}{', together' * together}: {statistics.median(host):.1f} us of CPU per tensor "
+                  f"path {path}, {way}: {statistics.median(host):.1f} us of CPU per tensor "
                   f"({min(host):.1f}-{max(host):.1f} over {len(host)} steps; {how} alone "
                   f"{statistics.median(digesting):.1f}), {statistics.median(gpu):.3f} ms of GPU per step "
                   f"({min(gpu):.3f}-{max(gpu):.3f})")

@@ -97,9 +97,10 @@ def cases(device: str = "cpu") -> list[tuple[str, Any, Any]]:
 def _run() -> None:
     """In the interpreter's subprocess: the cases as one step (grouped, and one tensor fused), per setting."""
     import numpy as np
+    import torch
 
     from harness.dtypes import dtype_name
-    from harness.frameworks import triton_digest
+    from harness.frameworks import triton_batch, triton_digest
     from harness.frameworks.torch import TorchAdapter
     from harness.store.fast_hash import PendingDigest, fast64
     from harness.store.stats import tensor_stats
@@ -128,25 +129,40 @@ def _run() -> None:
                               "expected": expected, "stats": entry["stats"], "expected_stats": stats,
                               "elements": float(row[4]), "size": int(array.size), "groups": len(groups)}), flush=True)
     # the cases at hand together, read in place (one launch per dtype over their addresses) where they can be
-    # (contiguous, on a 16-byte boundary), from a contiguous copy where not, the empty ones by the fused kernel
+    # (contiguous, on a 16-byte boundary), from a contiguous copy where not, the empty ones by the fused kernel;
+    # then again, the same tensors changed in place: the first call's plan launched again, on the values then
     for name, value in defaults.items():
         setattr(triton_digest, name, value)
-    slots = triton_digest.batched_device_digests([tensor for _, tensor, _ in found])
-    handles = [triton_digest.fused_device_digest(tensor) if slot is None else slot
-               for (_, tensor, _), slot in zip(found, slots, strict=True)]
-    groups = {id(slot.group) for slot in slots if slot is not None}
-    rows = adapter.fetch_digests(handles)()
-    for (label, tensor, array), slot, row in zip(found, slots, rows, strict=True):
-        work = PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, None)
-        work.settle(row)
-        entry = work.result()
-        with np.errstate(over="ignore", invalid="ignore"):
-            expected, stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
-        readable = tensor.numel() > 0  # in place, or from a contiguous copy (views, a transposed one)
-        print(json.dumps({"label": f"{label} batched", "dtype": entry["dtype"], "fast64": entry["fast64"],
-                          "expected": expected, "stats": entry["stats"], "expected_stats": stats,
-                          "elements": float(row[4]), "size": int(array.size), "groups": len(groups),
-                          "batched": slot is not None, "readable": readable}), flush=True)
+    tensors = [tensor for _, tensor, _ in found]
+    first = None
+    for again in (False, True):
+        if again:
+            for tensor in tensors:
+                if tensor.dtype == torch.bool:
+                    tensor.logical_not_()
+                elif tensor.is_floating_point():
+                    tensor.mul_(-2)
+                else:
+                    tensor.add_(1)
+        slots, plan = triton_batch.batched_device_digests(tensors)
+        first = first or plan
+        handles = [triton_digest.fused_device_digest(tensor) if slot is None else slot
+                   for tensor, slot in zip(tensors, slots, strict=True)]
+        groups = {id(slot.group) for slot in slots if slot is not None}
+        rows = adapter.fetch_digests(handles)()
+        for (label, tensor, _), slot, row in zip(found, slots, rows, strict=True):
+            array = adapter.to_numpy(tensor)  # its values now
+            work = PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, None)
+            work.settle(row)
+            entry = work.result()
+            with np.errstate(over="ignore", invalid="ignore"):
+                expected, stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
+            readable = tensor.numel() > 0  # in place, or from a contiguous copy (views, a transposed one)
+            print(json.dumps({"label": f"{label} batched{' again' * again}", "dtype": entry["dtype"],
+                              "fast64": entry["fast64"], "expected": expected, "stats": entry["stats"],
+                              "expected_stats": stats, "elements": float(row[4]), "size": int(array.size),
+                              "groups": len(groups), "batched": slot is not None, "readable": readable,
+                              "same plan": plan is first}), flush=True)
 
 
 def _check(result: dict) -> None:
@@ -160,18 +176,20 @@ def _check(result: dict) -> None:
 def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     results = interpreter_results(__file__)
     count = len(cases())
-    assert len(results) == (len(SETTINGS) + 1) * count, results[-3:]
+    assert len(results) == (len(SETTINGS) + 2) * count, results[-3:]
     for result in results:
         _check(result)
     dtypes = {result["dtype"] for result in results}
     # the default arena holds a step's tensors: one group per dtype; the 4 KiB one fills and launches early
     assert {r["groups"] for r in results[:count]} == {len(dtypes)}, results[0]
     assert all(r["groups"] > len(dtypes) for r in results[count:len(SETTINGS) * count]), results[-1]
-    # batched: every tensor not empty (in place, or a copy of a view), one group per dtype among them
+    # batched: every tensor not empty (in place, or a copy of a view), one group per dtype among them; again, on the
+    # same tensors changed in place, by the same plan (its tables launched again, its copies made again)
     batched = results[len(SETTINGS) * count:]
     assert [r["batched"] for r in batched] == [r["readable"] for r in batched]
-    assert sum(r["batched"] for r in batched) >= count // 2
+    assert sum(r["batched"] for r in batched) >= count
     assert {r["groups"] for r in batched} == {len({r["dtype"] for r in batched if r["batched"]})}
+    assert all(r["same plan"] for r in batched[count:]) and all(r["label"].endswith(" again") for r in batched[count:])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "int8"])
@@ -341,7 +359,8 @@ def test_grouped_digest_is_of_the_tensor_as_it_was_when_digested(torch, monkeypa
 @pytest.mark.gpu
 def test_batched_digest_reads_the_tensors_in_place_as_they_are_then(torch, monkeypatch):
     """Tensors at hand together are digested where they are by one launch per dtype (TorchAdapter.device_digests):
-    each digest is numpy's and the ungrouped kernel's, and an in-place change right after does not reach it."""
+    each digest is numpy's and the ungrouped kernel's, and an in-place change right after does not reach it; the
+    same tensors again give the digests of their values then."""
     from harness.frameworks import triton_digest
     from harness.frameworks.torch import TorchAdapter
 
@@ -361,6 +380,13 @@ def test_batched_digest_reads_the_tensors_in_place_as_they_are_then(torch, monke
         work.settle(row)
     for (label, _, array), work in zip(found, pending, strict=True):
         _check(_expected(label, array, work.result()))
+    # the same tensors again, changed since: the plan made above is launched again, on the values now
+    again = adapter.device_digests([tensor for _, tensor, _ in found])
+    assert [type(work.values) for work in again] == [type(work.values) for work in pending]
+    for work, row in zip(again, adapter.fetch_digests([p.values for p in again])(), strict=True):
+        work.settle(row)
+    for (label, tensor, _), work in zip(found, again, strict=True):
+        _check(_expected(label, adapter.to_numpy(tensor), work.result()))
 
 
 @pytest.mark.gpu

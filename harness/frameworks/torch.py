@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import StrictBool
 
 from harness.dtypes import dtype_name
-from harness.frameworks import triton_digest
+from harness.frameworks import triton_batch, triton_digest
 from harness.frameworks.base import FrameworkAdapter, Pins, Threads, as_returned, outputs_in_order
 from harness.frameworks.digest_tables import device_table
 from harness.machine import cuda_library, nvidia_smi, version_of
@@ -294,24 +294,26 @@ class TorchAdapter(FrameworkAdapter):
         return device_digest(tensor)
 
     def device_digests(self, tensors: list) -> list[PendingDigest | None]:
-        # CUDA tensors at hand together: one launch per dtype over their addresses (triton_digest.batched_device_digests)
-        # instead of a launch (or an arena copy) each, where the Triton kernels digest; the rest one by one
+        # CUDA tensors at hand together: one launch per dtype over their addresses (triton_batch) instead of a
+        # launch (or an arena copy) each, where the Triton kernels digest; the rest one by one
         on_gpu = [getattr(tensor, "is_cuda", False) for tensor in tensors]
         if not any(on_gpu):
             return super().device_digests(tensors)  # in place, together, where host_layout says they may be
         if not triton_digest.route()[0] or not triton_digest.importable():
             return [self.device_digest(tensor) for tensor in tensors]
-        if all(on_gpu):
-            slots = triton_digest.batched_device_digests(tensors)
-        else:  # the CPU's tensors one by one below
-            batched = iter(triton_digest.batched_device_digests([t for t, gpu in zip(tensors, on_gpu, strict=True) if gpu]))
-            slots = [next(batched) if gpu else None for gpu in on_gpu]
-        found: list[PendingDigest | None] = []
-        for tensor, slot in zip(tensors, slots, strict=True):
-            name = None if slot is None else dtype_name_of(tensor)
-            found.append(self.device_digest(tensor) if name is None else
-                         PendingDigest(name, tuple(tensor.shape), tensor.nbytes, slot))
-        return found
+        every = all(on_gpu)
+        batched = tensors if every else [tensor for tensor, gpu in zip(tensors, on_gpu, strict=True) if gpu]
+        slots, plan = triton_batch.batched_device_digests(batched)
+        assert plan is not None
+        if plan.facts is None:  # what each digest's entry says of its tensor: the same while the plan is
+            plan.facts = [None if slot is None else (dtype_name_of(tensor), tuple(tensor.shape), tensor.nbytes)
+                          for tensor, slot in zip(batched, slots, strict=True)]
+        started = [None if slot is None else PendingDigest(fact[0], fact[1], fact[2], slot)
+                   for slot, fact in zip(slots, plan.facts, strict=True)]
+        if every:
+            return [self.device_digest(tensor) if work is None else work for tensor, work in zip(tensors, started, strict=True)]
+        on_device = iter(started)  # the CPU's tensors one by one
+        return [(next(on_device) if gpu else None) or self.device_digest(tensor) for tensor, gpu in zip(tensors, on_gpu, strict=True)]
 
     def host_layout(self, tensor) -> tuple[int, str, tuple[int, ...]] | None:
         if self.digest_on_cpu or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():

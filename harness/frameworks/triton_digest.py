@@ -444,6 +444,14 @@ class Group:
         self.out: Any = None  # once launched: [segments, 8] float64, rows row0.. of `block`, the launch's handles
         self.block: Any = None
         self.row0 = 0
+        self.lowest = 0  # `in_place`: the member at the lowest address, whose address the table counts from
+
+    def fresh(self, arena) -> Group:
+        """A copy not launched yet, reading `arena` (a batch plan's group, launched again on this step's tensors)."""
+        group = object.__new__(Group)
+        group.__dict__.update(self.__dict__)
+        group.arena, group.out, group.block = arena, None, None
+        return group
 
     def add(self, tensor, n: int) -> GroupSlot:
         """Copy the tensor (n elements) into the arena's next segment (room for it checked by the caller)."""
@@ -483,7 +491,7 @@ class Group:
         group = cls(key, tensors[0], layout, None)
         at = np.array(addresses, dtype=np.int64)
         elements = np.array(counts, dtype=np.int64)
-        lowest = int(at.argmin())
+        lowest = group.lowest = int(at.argmin())
         group.arena = tensors[lowest].detach()  # only its address is read: no autograd graph around the launch
         units = -(-elements * group.width // group.unit)
         items = np.maximum(-(-units // group.item_units), 1)
@@ -502,35 +510,24 @@ class Group:
         segment.copy_(tensor.detach() if tensor.requires_grad else tensor)
 
 
-def _launch_groups(groups: list[Group]) -> None:
+def _launch_groups(groups: list[Group], table: Any = None) -> None:
     """`grouped_digest` over each group's segments (groups of one device), in the current stream (after the
-    copies' stream, where another): one transfer of their tables from pinned memory, one buffer for their
-    handles (rows one after another, `block`) and partial rows; no zeroing (the tables carry the counters)."""
-    import numpy as np
+    copies' stream, where another): their tables (`group_tables`, made now unless given: a batch plan keeps
+    them), one buffer for their handles (rows one after another, `block`) and partial rows; no zeroing (each
+    segment's last program resets its arrival counter)."""
     import torch
 
     device = groups[0].device
     segments = [len(group.rows) // 4 for group in groups]
-    cuda = groups[0].cuda
-    # per group [5, segments] int64: first item, items, first unit, elements, arrivals; each group's table, handles
-    # and partial rows start on a 16-byte boundary (the kernel's pointer arguments specialise alike every step)
-    tables = [-(-5 * count // 2) * 2 for count in segments]
-    pinned = torch.zeros(sum(tables), dtype=torch.int64, pin_memory=cuda)
-    host = pinned.numpy()
-    at = 0
-    for group, count, size in zip(groups, segments, tables, strict=True):
-        host[at:at + 4 * count].reshape(4, count)[:] = np.frombuffer(group.rows, dtype=np.int64).reshape(count, 4).T
-        at += size
-    if cuda:
+    if groups[0].cuda:
         current = torch._C._cuda_getCurrentRawStream(groups[0].index)
         for group in groups:
             if group.stream is not None and group.raw_stream != current:  # the copies ran on the group's stream
                 stream = torch.cuda.current_stream(device)
                 stream.wait_stream(group.stream)
                 group.arena.record_stream(stream)
-        table = pinned.to(device, non_blocking=True)  # the pinned block is kept until the copy is done
-    else:
-        table = pinned
+    if table is None:
+        table = group_tables(groups)
     rows = sum(segments)
     partials = [-(-7 * group.items // 2) * 2 for group in groups]
     work = torch.empty(8 * rows + sum(partials), dtype=torch.float64, device=device)
@@ -539,7 +536,7 @@ def _launch_groups(groups: list[Group]) -> None:
     weights = device_table(device, "W", fast_hash.BLOCK)
     at = row = 0
     parts = 8 * rows
-    for group, count, size, partial in zip(groups, segments, tables, partials, strict=True):
+    for group, count, size, partial in zip(groups, segments, _table_sizes(segments), partials, strict=True):
         factors = device_table(device, "V", fast_hash.blocks_of(group.largest))
         triton_launch.launch(kernel, group.items, (group.arena, table[at:], weights, factors, work[8 * row:], work[parts:],
                                                    count, group.items), _grouped_meta(group.arena.dtype, group.width, group.layout))
@@ -548,6 +545,29 @@ def _launch_groups(groups: list[Group]) -> None:
         at += size
         row += count
         parts += partial
+
+
+def _table_sizes(segments: list[int]) -> list[int]:
+    # per group [5, segments] int64: first item, items, first unit, elements, arrivals; each group's table, handles
+    # and partial rows start on a 16-byte boundary (the kernel's pointer arguments specialise alike every step)
+    return [-(-5 * count // 2) * 2 for count in segments]
+
+
+def group_tables(groups: list[Group]) -> Any:
+    """The tables of groups of one device, one after another, on that device: filled in pinned memory and moved
+    by one transfer in the current stream (the pinned block is kept until the copy is done); arrivals zero."""
+    import numpy as np
+    import torch
+
+    segments = [len(group.rows) // 4 for group in groups]
+    sizes = _table_sizes(segments)
+    pinned = torch.zeros(sum(sizes), dtype=torch.int64, pin_memory=groups[0].cuda)
+    host = pinned.numpy()
+    at = 0
+    for group, count, size in zip(groups, segments, sizes, strict=True):
+        host[at:at + 4 * count].reshape(4, count)[:] = np.frombuffer(group.rows, dtype=np.int64).reshape(count, 4).T
+        at += size
+    return pinned.to(groups[0].device, non_blocking=True) if groups[0].cuda else pinned
 
 
 def _grouped_meta(dtype, width: int, layout: tuple[int, bool, bool]) -> dict:
@@ -582,68 +602,6 @@ def grouped_device_digest(tensor) -> GroupSlot:
         group = Group(key, tensor, layout, max(_ARENA.get(key, ARENA_BYTES), n * tensor.element_size()))
         _OPEN[key] = group
     return group.add(tensor, n)
-
-
-def batched_device_digests(tensors: list) -> list[GroupSlot | None]:
-    """The handles of digests of tensors that are at hand together (a step's parameters as it begins, their
-    gradients at its end, the optimizer's states): the small ones (at most group_bytes()) of one device, stream and
-    dtype, not empty, read where they are by one launch of `grouped_digest` over their addresses, now (no copy into
-    an arena, no launch each); one that is not contiguous or does not start on a 16-byte boundary (a transposed
-    weight, a view) is read from a contiguous copy made now, in stream order, and freed once the launch is queued.
-    None for the others (digested one by one by the caller: a large tensor reads faster by the fused kernel, whose
-    grid is capped at the programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped
-    against 0.16 ms)."""
-    found: list[GroupSlot | None] = [None] * len(tensors)
-    # (device index, raw stream, dtype) -> (layout, [(the tensor's index, the tensor read, its address, its elements)]):
-    # this runs per tensor of a step's parameters, gradients and states, so each tensor's attributes are read once
-    # and the rest is per dtype (`_dtype_facts`) or per batch (`Group.in_place`)
-    batches: dict[tuple, tuple[tuple[int, bool, bool], list[tuple[int, Any, int, int]]]] = {}
-    streams: dict[int, int] = {}  # device index -> its current raw stream
-    limit = route()[1]
-    for i, tensor in enumerate(tensors):
-        dtype = tensor.dtype
-        layout, width = _DTYPE_FACTS.get(dtype) or _dtype_facts(tensor)
-        n = tensor.numel()
-        if layout is None or not n or n * width > limit:
-            continue
-        address = tensor.data_ptr()
-        if address % _ALIGN or not tensor.is_contiguous():
-            tensor = _contiguous_copy(tensor)
-            address = tensor.data_ptr()
-            if address % _ALIGN:
-                continue
-        index = tensor.get_device()
-        stream = streams.get(index)
-        if stream is None:
-            stream = streams[index] = (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0
-        batch = batches.get((index, stream, dtype))
-        if batch is None:
-            batch = batches[index, stream, dtype] = (layout, [])
-        batch[1].append((i, tensor, address, n))
-    groups = []
-    for key, (layout, members) in batches.items():
-        indices, read, addresses, counts = zip(*members, strict=True)
-        group, slots = Group.in_place(key, read, addresses, counts, layout)
-        groups.append(group)
-        for i, slot in zip(indices, slots, strict=True):
-            found[i] = slot
-    _launch_by_device(groups)
-    return found
-
-
-_DTYPE_FACTS: dict[Any, tuple[tuple[int, bool, bool] | None, int]] = {}  # torch dtype -> (its _layout, element bytes)
-
-
-def _dtype_facts(tensor) -> tuple[tuple[int, bool, bool] | None, int]:
-    fact = _DTYPE_FACTS[tensor.dtype] = (_layout(tensor), tensor.element_size())
-    return fact
-
-
-def _contiguous_copy(tensor) -> Any:
-    """A C-contiguous copy of the tensor in fresh memory (its allocator's alignment), outside the autograd graph."""
-    import torch
-
-    return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
 def _launch_by_device(groups: list[Group]) -> None:

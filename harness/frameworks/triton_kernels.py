@@ -262,10 +262,11 @@ def grouped_digest(arena, table, weights, factors, out, parts, segments, items_t
     # The digests of many small tensors of one dtype, copied one after another into `arena` (segments), in one
     # launch (see harness.frameworks.triton_digest's note, "Small tensors"). table: int64 [5, segments], per
     # segment its first item (program), its items, its first unit in the arena (16-byte aligned), its elements
-    # and its arrival counter (zero; counted in its low int32 half). Item i of a segment of k items is `digest`'s
-    # program i of k on that segment alone (tile_pass with the segment's own sizes: the position weights restart
-    # at each segment), so each segment's S is its tensor's. out: [segments, 8] float64, the handles; parts: the
-    # partial rows of every item, 4 x items_total float64 and 3 x items_total int64.
+    # and its arrival counter (zero; counted in its low int32 half, zero again once the segment is done). Item i
+    # of a segment of k items is `digest`'s program i of k on that segment alone (tile_pass with the segment's own
+    # sizes: the position weights restart at each segment), so each segment's S is its tensor's. out: [segments,
+    # 8] float64, the handles; parts: the partial rows of every item, 4 x items_total float64 and 3 x items_total
+    # int64.
     if UNIT == 8:
         units = arena.to(tl.pointer_type(tl.int64), bitcast=True)
     else:
@@ -316,4 +317,5 @@ def grouped_digest(arena, table, weights, factors, out, parts, segments, items_t
     counters = (table + 4 * segments).to(tl.pointer_type(tl.int32), bitcast=True)
     arrived = tl.atomic_add(counters + 2 * seg, 1, sem="acq_rel")
     if arrived == programs - 1:  # the segment's last item to finish: its rows into its handle
+        tl.store(counters + 2 * seg, 0)  # every item has arrived: the table can be launched again (a batch plan's)
         combine_rows(part_f, part_i, first, programs, items_total, out + 8 * seg, n, REDUCE)
