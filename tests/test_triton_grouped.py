@@ -130,13 +130,14 @@ def _run() -> None:
                               "elements": float(row[4]), "size": int(array.size), "groups": len(groups)}), flush=True)
     # the cases at hand together, read in place (one launch per dtype over their addresses) where they can be
     # (contiguous, on a 16-byte boundary), from a contiguous copy where not, the empty ones by the fused kernel;
-    # then again, the same tensors changed in place: the first call's plan launched again, on the values then
+    # then again, the same tensors changed in place: the first call's plan launched again, on the values then; then
+    # with one tensor replaced by a changed copy (another address): a plan of its own, which reads the copy
     for name, value in defaults.items():
         setattr(triton_digest, name, value)
     tensors = [tensor for _, tensor, _ in found]
     first = None
-    for again in (False, True):
-        if again:
+    for round_ in ("", " again", " replaced"):
+        if round_ == " again":
             for tensor in tensors:
                 if tensor.dtype == torch.bool:
                     tensor.logical_not_()
@@ -144,13 +145,15 @@ def _run() -> None:
                     tensor.mul_(-2)
                 else:
                     tensor.add_(1)
+        if round_ == " replaced":
+            tensors[1] = tensors[1].clone().mul_(3)
         slots, plan = triton_batch.batched_device_digests(tensors)
         first = first or plan
         handles = [triton_digest.fused_device_digest(tensor) if slot is None else slot
                    for tensor, slot in zip(tensors, slots, strict=True)]
         groups = {id(slot.group) for slot in slots if slot is not None}
         rows = adapter.fetch_digests(handles)()
-        for (label, tensor, _), slot, row in zip(found, slots, rows, strict=True):
+        for (label, _, _), tensor, slot, row in zip(found, tensors, slots, rows, strict=True):
             array = adapter.to_numpy(tensor)  # its values now
             work = PendingDigest(dtype_name(array.dtype), tuple(array.shape), array.nbytes, None)
             work.settle(row)
@@ -158,7 +161,7 @@ def _run() -> None:
             with np.errstate(over="ignore", invalid="ignore"):
                 expected, stats = fast64(np.asarray(array)), tensor_stats(np.ascontiguousarray(array))
             readable = tensor.numel() > 0  # in place, or from a contiguous copy (views, a transposed one)
-            print(json.dumps({"label": f"{label} batched{' again' * again}", "dtype": entry["dtype"],
+            print(json.dumps({"label": f"{label} batched{round_}", "dtype": entry["dtype"],
                               "fast64": entry["fast64"], "expected": expected, "stats": entry["stats"],
                               "expected_stats": stats, "elements": float(row[4]), "size": int(array.size),
                               "groups": len(groups), "batched": slot is not None, "readable": readable,
@@ -176,7 +179,7 @@ def _check(result: dict) -> None:
 def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     results = interpreter_results(__file__)
     count = len(cases())
-    assert len(results) == (len(SETTINGS) + 2) * count, results[-3:]
+    assert len(results) == (len(SETTINGS) + 3) * count, results[-3:]
     for result in results:
         _check(result)
     dtypes = {result["dtype"] for result in results}
@@ -184,12 +187,15 @@ def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     assert {r["groups"] for r in results[:count]} == {len(dtypes)}, results[0]
     assert all(r["groups"] > len(dtypes) for r in results[count:len(SETTINGS) * count]), results[-1]
     # batched: every tensor not empty (in place, or a copy of a view), one group per dtype among them; again, on the
-    # same tensors changed in place, by the same plan (its tables launched again, its copies made again)
+    # same tensors changed in place, by the same plan (its tables launched again, its copies made again); with one
+    # tensor replaced, by another plan
     batched = results[len(SETTINGS) * count:]
     assert [r["batched"] for r in batched] == [r["readable"] for r in batched]
-    assert sum(r["batched"] for r in batched) >= count
+    assert sum(r["batched"] for r in batched) >= count * 3 // 2
     assert {r["groups"] for r in batched} == {len({r["dtype"] for r in batched if r["batched"]})}
-    assert all(r["same plan"] for r in batched[count:]) and all(r["label"].endswith(" again") for r in batched[count:])
+    again, replaced = batched[count:2 * count], batched[2 * count:]
+    assert all(r["same plan"] and r["label"].endswith(" again") for r in again)
+    assert not any(r["same plan"] for r in replaced) and all(r["label"].endswith(" replaced") for r in replaced)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "int8"])

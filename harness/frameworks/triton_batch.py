@@ -37,7 +37,7 @@ class Plan:
 
     def matches(self, key: list[tuple], settings: tuple) -> bool:
         return self.key == key and self.settings == settings and all(
-            (triton_digest._CUDA_CALLS or triton_digest._cuda_calls())[1](index) == stream for index, stream in self.streams)
+            triton_digest.raw_stream(index) == stream for index, stream in self.streams)
 
     def launch(self, tensors) -> list[GroupSlot | None]:
         """The contiguous copies, then each group's launch on these tensors (whose key is the plan's); the handles."""
@@ -103,7 +103,7 @@ def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
             copies.append((i, read))
         index = tensor.get_device()
         if index not in streams:
-            streams[index] = (triton_digest._CUDA_CALLS or triton_digest._cuda_calls())[1](index) if index >= 0 else 0
+            streams[index] = triton_digest.raw_stream(index)
         batches.setdefault((index, streams[index], dtype), (layout, []))[1].append((i, read, address, n))
     plan = Plan(key, settings, [(index, stream) for index, stream in streams.items() if index >= 0])
     plan.copies = copies

@@ -613,6 +613,11 @@ def _launch_by_device(groups: list[Group]) -> None:
         _launch_groups(same_device)
 
 
+def raw_stream(index: int) -> int:
+    """The current raw stream of CUDA device `index`; 0 for the CPU (index -1)."""
+    return (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0
+
+
 def _cuda_calls() -> list:
     """_CUDA_CALLS: torch's current device and current raw stream (of a device), looked up once (the imports
     and attribute lookups cost more than the calls)."""
