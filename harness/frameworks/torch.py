@@ -312,8 +312,12 @@ class TorchAdapter(FrameworkAdapter):
                    for slot, fact in zip(slots, plan.facts, strict=True)]
         if every:
             return [self.device_digest(tensor) if work is None else work for tensor, work in zip(tensors, started, strict=True)]
-        on_device = iter(started)  # the CPU's tensors one by one
-        return [(next(on_device) if gpu else None) or self.device_digest(tensor) for tensor, gpu in zip(tensors, on_gpu, strict=True)]
+        on_device = iter(started)
+        found = []
+        for tensor, gpu in zip(tensors, on_gpu, strict=True):
+            work = next(on_device) if gpu else None  # the CPU's tensors one by one
+            found.append(self.device_digest(tensor) if work is None else work)
+        return found
 
     def host_layout(self, tensor) -> tuple[int, str, tuple[int, ...]] | None:
         if self.digest_on_cpu or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():

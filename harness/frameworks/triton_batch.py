@@ -50,7 +50,7 @@ class Plan:
         found: list[GroupSlot | None] = [None] * len(tensors)
         for same_device, table in self.launches:
             groups = [group.fresh(tensors[base].detach() if type(base) is int else base) for group, _, base in same_device]
-            triton_digest._launch_groups(groups, table)
+            triton_digest.launch_on_device(groups, table)
             for group, (_, members, _) in zip(groups, same_device, strict=True):
                 for segment, index in enumerate(members):
                     found[index] = GroupSlot(group, segment)
@@ -111,7 +111,7 @@ def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
     by_device: dict[int, list[tuple[Group, list[int], int | Any]]] = {}
     for batch_key, (layout, members) in batches.items():
         indices, read, addresses, counts = zip(*members, strict=True)
-        group, _ = Group.in_place(batch_key, read, addresses, counts, layout)
+        group = Group.in_place(batch_key, read, addresses, counts, layout)
         lowest = indices[group.lowest]
         group.arena = None  # the plan keeps no tensor of the caller's: each launch reads the one given then
         by_device.setdefault(batch_key[0], []).append((group, list(indices), read[group.lowest] if lowest in copied else lowest))

@@ -481,11 +481,12 @@ class Group:
 
     @classmethod
     def in_place(cls, key: tuple, tensors: Sequence, addresses: Sequence[int], counts: Sequence[int],
-                 layout: tuple[int, bool, bool]) -> tuple[Group, list[GroupSlot]]:
+                 layout: tuple[int, bool, bool]) -> Group:
         """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries;
-        their addresses and elements given), read where they are: its `arena` is the one at the lowest address, and
-        each segment's first unit is counted from there. Launched at once by the caller (nothing is copied: a later
-        change of a tensor must not come between). The segments' rows as `_segment` makes them, for all at once."""
+        their addresses and elements given), read where they are: its `arena` is the one at the lowest address
+        (`lowest`), and each segment's first unit is counted from there. Launched by a batch plan (triton_batch) on
+        the tensors of each call (nothing is copied: a later change of a tensor must not come between a call and its
+        launch). The segments' rows as `_segment` makes them, for all at once; segment i is tensors[i]."""
         import numpy as np
 
         group = cls(key, tensors[0], layout, None)
@@ -501,7 +502,7 @@ class Group:
         group.rows = rows.reshape(-1)
         group.items = int(ends[-1])
         group.largest = int(elements.max()) * group.width
-        return group, [GroupSlot(group, segment) for segment in range(len(counts))]
+        return group
 
     def _copy(self, tensor, start: int) -> None:
         """torch's copy_ into the segment, as C-order (any strides, any device guard)."""
@@ -510,7 +511,7 @@ class Group:
         segment.copy_(tensor.detach() if tensor.requires_grad else tensor)
 
 
-def _launch_groups(groups: list[Group], table: Any = None) -> None:
+def launch_on_device(groups: list[Group], table: Any = None) -> None:
     """`grouped_digest` over each group's segments (groups of one device), in the current stream (after the
     copies' stream, where another): their tables (`group_tables`, made now unless given: a batch plan keeps
     them), one buffer for their handles (rows one after another, `block`) and partial rows; no zeroing (each
@@ -597,7 +598,7 @@ def grouped_device_digest(tensor) -> GroupSlot:
     if group is None or group.used + n > group.capacity:
         if group is not None:  # full: launched now, and the key's next arena twice as large
             del _OPEN[key]
-            _launch_groups([group])
+            launch_on_device([group])
             _ARENA[key] = min(2 * _ARENA.get(key, ARENA_BYTES), MAX_ARENA_BYTES)
         group = Group(key, tensor, layout, max(_ARENA.get(key, ARENA_BYTES), n * tensor.element_size()))
         _OPEN[key] = group
@@ -605,12 +606,12 @@ def grouped_device_digest(tensor) -> GroupSlot:
 
 
 def _launch_by_device(groups: list[Group]) -> None:
-    """`_launch_groups` of the groups of each device together."""
+    """`launch_on_device` of the groups of each device together."""
     by_device: dict[Any, list[Group]] = {}
     for group in groups:
         by_device.setdefault(group.device, []).append(group)
     for same_device in by_device.values():
-        _launch_groups(same_device)
+        launch_on_device(same_device)
 
 
 def raw_stream(index: int) -> int:
@@ -629,7 +630,7 @@ def _cuda_calls() -> list:
 
 def launch_groups(handles: list) -> None:
     """Launch the groups of the grouped handles among `handles` not launched yet (before their values are read),
-    those of a device together (`_launch_groups`); and forget the step's `route`."""
+    those of a device together (`launch_on_device`); and forget the step's `route`."""
     _ROUTE.clear()
     waiting: dict[int, Group] = {}
     for handle in handles:
