@@ -9,9 +9,10 @@ harness.frameworks.triton_digest, `fused_device_digest`, one launch per tensor: 
 "torch" (torch ops, XFALIGN_FAST_DIGEST_KERNEL=torch); on the CPU the torch ops. One line per tensor and path; on
 CUDA then a step of 100 small tensors (STEP: mixed sizes and dtypes, some not contiguous), checked per tensor
 against numpy on the grouped and fused paths (and on the grouped path digested together, as a step's parameters
-are: TorchAdapter.device_digests, twice: a plan made, then launched again), and its CPU cost per tensor on each,
-side by side (the digests plus the step's fetch_digests, the GPU kept busy so that nothing waits for it; --steps
-steps, the median and the range; together also with a new plan each step, as for tensors not seen before),
+are: TorchAdapter.device_digests, three times: a plan made, launched again, and on the same tensors at other
+addresses), and its CPU cost per tensor on each, side by side (the digests plus the step's fetch_digests, the GPU
+kept busy so that nothing waits for it; --steps steps, the median and the range; together also at new addresses
+each step, as for new gradients, and with a new plan each step, as for tensors not seen before),
 the time of one digest of a large bf16 tensor per path, with --sweep the time of the default kernel under other
 tile and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for bit), then "ALL EQUAL" (exit 0)
 or the differences (exit 1; also when a Triton path is asked for and triton cannot be imported).
@@ -152,32 +153,34 @@ def step_check(tensors: list, path: str, adapter: TorchAdapter, together: bool =
     return wrong
 
 
-def step_host_cost(tensors: list, path: str, adapter: TorchAdapter, steps: int,
+def step_host_cost(lists: list[list], path: str, adapter: TorchAdapter, steps: int,
                    together: bool = False, replan: bool = False) -> tuple[list, list, list]:
-    """Per step of `tensors`: microseconds of CPU per tensor for device_digest of each and the step's
-    fetch_digests (the launches and the copy to the host started, not waited for: a capture's writer thread
-    waits), the GPU kept busy by a sleep so that no call waits for it; the part of it in device_digest; and
-    milliseconds of GPU time of the step's digests (CUDA events around them, the launches queued behind the sleep).
+    """Per step (of `lists`' tensors, taking turns: lists of the same tensors at other addresses): microseconds of
+    CPU per tensor for device_digest of each and the step's fetch_digests (the launches and the copy to the host
+    started, not waited for: a capture's writer thread waits), the GPU kept busy by a sleep so that no call waits for
+    it; the part of it in device_digest; and milliseconds of GPU time of the step's digests (CUDA events around them,
+    the launches queued behind the sleep).
     Between steps this thread waits by torch.cuda.synchronize() (a spin), not by the rows' blocking event: in a
     capture the writer thread waits for the rows, and the training thread runs on; a thread woken from a sleep of
     the GPU's length ran the next step 1.7-3.0 us per tensor slower (6 runs, H200 host, torch 2.11, 2026-12-03)."""
     use(path)
-    def digest_step() -> list:
+    def digest_step(tensors: list) -> list:
         if replan:  # none kept: the step's tensors as if new ones, a plan made (triton_batch)
             triton_batch._PLANS.clear()
         return adapter.device_digests(tensors) if together else [device_digest(tensor) for tensor in tensors]
 
-    for _ in range(2):  # warm: compiled kernels, the pinned buffers, the arenas' sizes
-        pending = digest_step()
+    for tensors in lists * 2:  # warm: compiled kernels, the pinned buffers, the arenas' sizes
+        pending = digest_step(tensors)
         adapter.fetch_digests([p.values for p in pending])()
     host, digesting, device = [], [], []
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(steps):
+    for step in range(steps):
+        tensors = lists[step % len(lists)]
         torch.cuda.synchronize()
         torch.cuda._sleep(50_000_000)
         start.record()
         began = time.perf_counter()
-        pending = digest_step()
+        pending = digest_step(tensors)
         digested = time.perf_counter()
         rows = adapter.fetch_digests([p.values for p in pending])
         host.append((time.perf_counter() - began) * 1e6 / len(tensors))
@@ -249,24 +252,27 @@ def main() -> int:
         triton_paths = [path for path in paths if path != "torch" and triton_digest.importable()]
         # (path, how): one by one ("each") as a capture's hooks digest, and on the grouped path also the step's
         # tensors digested together (TorchAdapter.device_digests, as a step's parameters, gradients and states are),
-        # by the plan of the same tensors the step before, and by a new plan each step (the tensors as if new)
-        ways = [(path, "each") for path in triton_paths] + \
-            [("grouped", "together"), ("grouped", "together, new plan")] * ("grouped" in triton_paths)
+        # by the plan and tables of the same tensors the step before, by the plan of tensors of the same make at other
+        # addresses (new tables: triton_batch.TABLES + 1 such lists in turn), and by a new plan each step
+        ways = [(path, "each") for path in triton_paths] + [("grouped", how) for how in (
+            "together", "together, new addresses", "together, new plan") if "grouped" in triton_paths]
+        elsewhere = [tensors] + [step_tensors() for _ in range(triton_batch.TABLES)]
         costs: dict[tuple[str, str], tuple[list, list, list]] = {}
         for path, how in ways:
-            if how == "together, new plan":
-                continue  # as the first of the two checks of "together"
-            together = how == "together"
-            # together twice: a plan made, then launched again
-            wrong = sum(step_check(tensors, path, adapter, together) for _ in range(1 + together))
+            if how != "each" and how != "together":
+                continue  # as the checks of "together"
+            # together three times: a plan made, launched again, and on the same tensors at other addresses
+            checks = [tensors] if how == "each" else [tensors, tensors, elsewhere[1]]
+            wrong = sum(step_check(step, path, adapter, how == "together") for step in checks)
             differences += wrong
-            checked += len(tensors) * (1 + together)
-            print(f"step of {len(tensors)} small tensors, path {path}, {how}{' (twice)' * together}: "
+            checked += len(tensors) * len(checks)
+            print(f"step of {len(tensors)} small tensors, path {path}, {how}{' (three times)' * (len(checks) == 3)}: "
                   f"{'ALL EQUAL' if not wrong else f'{wrong} DIFFERENT'} to numpy")
         for _ in range(2):  # the ways take turns: the ranges are over both rounds' steps
             for path, how in ways:
                 for kept, found in zip(costs.setdefault((path, how), ([], [], [])),
-                                       step_host_cost(tensors, path, adapter, args.steps, together=how != "each",
+                                       step_host_cost(elsewhere if how == "together, new addresses" else [tensors], path,
+                                                      adapter, args.steps, together=how != "each",
                                                       replan=how == "together, new plan"), strict=True):
                     kept.extend(found)
         for (path, way), (host, digesting, gpu) in costs.items():

@@ -131,12 +131,13 @@ def _run() -> None:
     # the cases at hand together, read in place (one launch per dtype over their addresses) where they can be
     # (contiguous, on a 16-byte boundary), from a contiguous copy where not, the empty ones by the fused kernel;
     # then again, the same tensors changed in place: the first call's plan launched again, on the values then; then
-    # with one tensor replaced by a changed copy (another address): a plan of its own, which reads the copy
+    # with one tensor replaced by a changed copy (another address): the same plan, its tables made for the copy's
+    # address; then with one tensor seen in another shape: a plan of its own
     for name, value in defaults.items():
         setattr(triton_digest, name, value)
     tensors = [tensor for _, tensor, _ in found]
     first = None
-    for round_ in ("", " again", " replaced"):
+    for round_ in ("", " again", " replaced", " reshaped"):
         if round_ == " again":
             for tensor in tensors:
                 if tensor.dtype == torch.bool:
@@ -147,6 +148,8 @@ def _run() -> None:
                     tensor.add_(1)
         if round_ == " replaced":
             tensors[1] = tensors[1].clone().mul_(3)
+        if round_ == " reshaped":
+            tensors[0] = tensors[0].reshape(tensors[0].shape[::-1])
         slots, plan = triton_batch.batched_device_digests(tensors)
         first = first or plan
         handles = [triton_digest.fused_device_digest(tensor) if slot is None else slot
@@ -179,7 +182,7 @@ def _check(result: dict) -> None:
 def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     results = interpreter_results(__file__)
     count = len(cases())
-    assert len(results) == (len(SETTINGS) + 3) * count, results[-3:]
+    assert len(results) == (len(SETTINGS) + 4) * count, results[-3:]
     for result in results:
         _check(result)
     dtypes = {result["dtype"] for result in results}
@@ -188,14 +191,15 @@ def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     assert all(r["groups"] > len(dtypes) for r in results[count:len(SETTINGS) * count]), results[-1]
     # batched: every tensor not empty (in place, or a copy of a view), one group per dtype among them; again, on the
     # same tensors changed in place, by the same plan (its tables launched again, its copies made again); with one
-    # tensor replaced, by another plan
+    # tensor replaced, by the same plan (tables made for the new address); with one reshaped, by another plan
     batched = results[len(SETTINGS) * count:]
     assert [r["batched"] for r in batched] == [r["readable"] for r in batched]
-    assert sum(r["batched"] for r in batched) >= count * 3 // 2
+    assert sum(r["batched"] for r in batched) >= count * 2
     assert {r["groups"] for r in batched} == {len({r["dtype"] for r in batched if r["batched"]})}
-    again, replaced = batched[count:2 * count], batched[2 * count:]
+    again, replaced, reshaped = (batched[k * count:(k + 1) * count] for k in (1, 2, 3))
     assert all(r["same plan"] and r["label"].endswith(" again") for r in again)
-    assert not any(r["same plan"] for r in replaced) and all(r["label"].endswith(" replaced") for r in replaced)
+    assert all(r["same plan"] and r["label"].endswith(" replaced") for r in replaced)
+    assert not any(r["same plan"] for r in reshaped) and all(r["label"].endswith(" reshaped") for r in reshaped)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "int8"])

@@ -2,14 +2,15 @@
 optimizer's states): the small ones of one device, stream and dtype read where they are by one launch of
 `grouped_digest` over their addresses (triton_digest.Group.in_place), no copy into an arena, no launch each.
 
-A training step hands over the same tensors every step (parameters, optimizer states, and gradients that live in
-persistent buffers or come back at the same addresses from the caching allocator). So what a list of tensors
-makes (its groups, their tables on the device, which tensors need a contiguous copy) is kept as a `Plan`, keyed
-by each tensor's address, dtype, shape and contiguity, and launched again while the next list matches: per step
-that leaves one tuple per tensor to compare, the contiguous copies, one launch per dtype and the handles. A list
-that does not match makes a new plan (the last PLANS are kept). The kernel resets each segment's arrival counter
-once the segment is done, so a plan's table is launched again as it is.
-"""
+A training step hands over lists of the same make every step (parameters, gradients, optimizer states: the same
+dtypes and shapes; the same tensors, or new ones such as gradients made by each backward pass). So what a list
+makes (which tensors are grouped, by dtype; which need a contiguous copy, into buffers it keeps) is kept as a
+`Plan`, keyed by each tensor's dtype, shape and contiguity (and the stream, and the settings its tables depend
+on), and used again while the next list matches: per call that leaves a tuple and an address per tensor, the
+copies, one launch per dtype and the handles. The groups' tables hold the tensors' places: those made for the
+addresses of a call are kept (the last TABLES per plan and device) and launched again as they are when the same
+addresses come again (the kernel resets each segment's arrival counter once done); other addresses make new ones
+(one transfer). A list that does not match makes a new plan (the last PLANS are kept)."""
 
 from __future__ import annotations
 
@@ -19,41 +20,75 @@ from harness.frameworks import triton_digest
 from harness.frameworks.triton_digest import _ALIGN, Group, GroupSlot
 
 PLANS = 16  # plans kept (a capture hands over a few lists per step: parameters, gradients, states)
-_PLANS: dict[tuple, Plan] = {}  # (tensors, the first one's address) -> its plan, oldest first
+TABLES = 4  # tables kept per plan and device, for the addresses they were made for
+_PLANS: dict[tuple, Plan] = {}  # (tensors, the first one's key) -> its plan, oldest first
 _DTYPE_FACTS: dict[Any, tuple[tuple[int, bool, bool] | None, int]] = {}  # torch dtype -> (its _layout, element bytes)
 
 
+class Batch:
+    """The tensors of a list that one launch of `grouped_digest` reads: their indices in the list, elements, and per
+    tensor the contiguous buffer it is copied into each call (None: read in place)."""
+
+    def __init__(self, key: tuple, layout: tuple[int, bool, bool], indices: list[int], counts: list[int],
+                 buffers: list[Any]):
+        self.key, self.layout, self.indices, self.counts, self.buffers = key, layout, indices, counts, buffers
+
+    def reads(self, tensors) -> list[Any]:
+        """What it reads of `tensors`: each tensor, or its buffer."""
+        return [tensors[i] if buffer is None else buffer for i, buffer in zip(self.indices, self.buffers, strict=True)]
+
+
 class Plan:
-    """A list of tensors' groups and their tables, launched on each list that has its `key`.
+    """A list of tensors' batches (per device), launched on each list that has its `key`, and per device the groups
+    and tables made for the addresses seen last (TABLES of them: a capture's parameters and gradients share a plan).
     facts: whatever the caller keeps per tensor with it (valid as long as the key matches), set by the caller."""
 
     def __init__(self, key: list[tuple], settings: tuple, streams: list[tuple[int, int]]):
         self.key, self.settings, self.streams = key, settings, streams
-        # per device: [(its group, not launched; the tensors' indices, its segments' order; what it reads from:
-        # the index of the tensor at the lowest address, or the contiguous copy there)], the groups' tables
-        self.launches: list[tuple[list[tuple[Group, list[int], int | Any]], Any]] = []
-        self.copies: list[tuple[int, Any]] = []  # (index, the contiguous buffer it is copied into each step)
+        self.devices: list[list[Batch]] = []  # the batches of each device
+        # per device: the addresses its batches read (in order) -> their groups (not launched, holding no tensor of
+        # the caller's) and tables
+        self.made: list[dict[tuple[int, ...], tuple[list[Group], Any]]] = []
+        self.copies: list[tuple[int, Any]] = []  # (index, the contiguous buffer it is copied into each call)
         self.facts: list | None = None
 
     def matches(self, key: list[tuple], settings: tuple) -> bool:
         return self.key == key and self.settings == settings and all(
             triton_digest.raw_stream(index) == stream for index, stream in self.streams)
 
-    def launch(self, tensors) -> list[GroupSlot | None]:
-        """The contiguous copies, then each group's launch on these tensors (whose key is the plan's); the handles."""
+    def launch(self, tensors) -> list[GroupSlot | None] | None:
+        """The contiguous copies, then each batch's launch on these tensors (whose key is the plan's); the handles.
+        None, launching nothing, where a tensor read in place does not start on a 16-byte boundary."""
         import torch
 
+        launches = []
+        for batches, made in zip(self.devices, self.made, strict=True):
+            reads = [batch.reads(tensors) for batch in batches]
+            addresses = tuple(tensor.data_ptr() for read in reads for tensor in read)
+            kept = made.pop(addresses, None)  # put back last: the least recently used goes first
+            if kept is None:
+                if any(address % _ALIGN for address in addresses):
+                    return None
+                groups = [Group.in_place(batch.key, read, [tensor.data_ptr() for tensor in read], batch.counts,
+                                         batch.layout) for batch, read in zip(batches, reads, strict=True)]
+                for group in groups:
+                    group.arena = None  # kept: no tensor of the caller's (each launch reads the one given then)
+                kept = (groups, triton_digest.group_tables(groups))
+                if len(made) >= TABLES:
+                    del made[next(iter(made))]
+            made[addresses] = kept
+            launches.append((batches, reads, kept))
         if self.copies:
             with torch.no_grad():  # a copy from a tensor that requires grad would put the buffer into the graph
                 for index, buffer in self.copies:
                     buffer.copy_(tensors[index])
         found: list[GroupSlot | None] = [None] * len(tensors)
-        for same_device, table in self.launches:
-            groups = [group.fresh(tensors[base].detach() if type(base) is int else base) for group, _, base in same_device]
-            triton_digest.launch_on_device(groups, table)
-            for group, (_, members, _) in zip(groups, same_device, strict=True):
-                for segment, index in enumerate(members):
+        for batches, reads, (groups, table) in launches:
+            fresh = [group.fresh(read[group.lowest].detach()) for group, read in zip(groups, reads, strict=True)]
+            for group, batch in zip(fresh, batches, strict=True):
+                for segment, index in enumerate(batch.indices):
                     found[index] = GroupSlot(group, segment)
+            triton_digest.launch_on_device(fresh, table)
         return found
 
 
@@ -66,56 +101,54 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
     resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped against 0.16 ms)."""
     if not tensors:
         return [], None
-    key = [(tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.is_contiguous()) for tensor in tensors]
+    key = [(tensor.dtype, tensor.shape, tensor.is_contiguous()) for tensor in tensors]
     # what a plan's tables depend on besides its tensors: the largest grouped tensor, a program's tiles
     settings = (triton_digest.route()[1], triton_digest.ITEM_TILES, triton_digest.WARPS)
-    name = (len(key), key[0][0])
+    name = (len(key), key[0])
     plan = _PLANS.get(name)
-    if plan is None or not plan.matches(key, settings):
+    found = plan.launch(tensors) if plan is not None and plan.matches(key, settings) else None
+    if found is None:
         plan = _plan(tensors, key, settings)
         _PLANS.pop(name, None)
         while len(_PLANS) >= PLANS:
             del _PLANS[next(iter(_PLANS))]
         _PLANS[name] = plan
-    return plan.launch(tensors), plan
+        found = plan.launch(tensors)
+        assert found is not None  # its tensors read in place start on 16-byte boundaries
+    return found, plan
 
 
 def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
     import torch
 
     limit = settings[0]
-    # (device index, raw stream, dtype) -> (layout, [(the tensor's index, what is read: it or its copy, address,
-    # elements)])
-    batches: dict[tuple, tuple[tuple[int, bool, bool], list[tuple[int, Any, int, int]]]] = {}
+    # (device index, raw stream, dtype) -> (layout, [(the tensor's index, its elements, its buffer or None)])
+    batches: dict[tuple, tuple[tuple[int, bool, bool], list[tuple[int, int, Any]]]] = {}
     streams: dict[int, int] = {}  # device index -> its current raw stream
     copies = []
-    for i, (tensor, (address, dtype, _, contiguous)) in enumerate(zip(tensors, key, strict=True)):
+    for i, (tensor, (dtype, _, contiguous)) in enumerate(zip(tensors, key, strict=True)):
         layout, width = _DTYPE_FACTS.get(dtype) or _dtype_facts(tensor)
         n = tensor.numel()
         if layout is None or not n or n * width > limit:
             continue
-        read = tensor
-        if address % _ALIGN or not contiguous:
-            read = torch.empty(tensor.shape, dtype=dtype, device=tensor.device)  # the allocator's alignment
-            address = read.data_ptr()
-            if address % _ALIGN:
+        buffer = None
+        if tensor.data_ptr() % _ALIGN or not contiguous:
+            buffer = torch.empty(tensor.shape, dtype=dtype, device=tensor.device)  # the allocator's alignment
+            if buffer.data_ptr() % _ALIGN:
                 continue
-            copies.append((i, read))
+            copies.append((i, buffer))
         index = tensor.get_device()
         if index not in streams:
             streams[index] = triton_digest.raw_stream(index)
-        batches.setdefault((index, streams[index], dtype), (layout, []))[1].append((i, read, address, n))
+        batches.setdefault((index, streams[index], dtype), (layout, []))[1].append((i, n, buffer))
     plan = Plan(key, settings, [(index, stream) for index, stream in streams.items() if index >= 0])
     plan.copies = copies
-    copied = {i for i, _ in copies}
-    by_device: dict[int, list[tuple[Group, list[int], int | Any]]] = {}
+    by_device: dict[int, list[Batch]] = {}
     for batch_key, (layout, members) in batches.items():
-        indices, read, addresses, counts = zip(*members, strict=True)
-        group = Group.in_place(batch_key, read, addresses, counts, layout)
-        lowest = indices[group.lowest]
-        group.arena = None  # the plan keeps no tensor of the caller's: each launch reads the one given then
-        by_device.setdefault(batch_key[0], []).append((group, list(indices), read[group.lowest] if lowest in copied else lowest))
-    plan.launches = [(same, triton_digest.group_tables([group for group, _, _ in same])) for same in by_device.values()]
+        indices, counts, buffers = zip(*members, strict=True)
+        by_device.setdefault(batch_key[0], []).append(Batch(batch_key, layout, list(indices), list(counts), list(buffers)))
+    plan.devices = list(by_device.values())
+    plan.made = [{} for _ in plan.devices]
     return plan
 
 
