@@ -236,7 +236,7 @@ def test_a_batch_read_in_place_has_the_segment_rows_one_by_one_would_make(dtype)
         one_by_one._segment((address - base) // one_by_one.unit, n)
     assert list(group.rows) == list(one_by_one.rows)
     assert (group.items, group.largest) == (one_by_one.items, one_by_one.largest)
-    assert group.arena.data_ptr() == base
+    assert tensors[group.lowest].data_ptr() == base
 
 
 def test_group_bytes_names_the_variable_on_bad_input(monkeypatch):

@@ -64,15 +64,14 @@ class Plan:
         launches = []
         for batches, made in zip(self.devices, self.made, strict=True):
             reads = [batch.reads(tensors) for batch in batches]
-            addresses = tuple(tensor.data_ptr() for read in reads for tensor in read)
+            each = [[tensor.data_ptr() for tensor in read] for read in reads]
+            addresses = tuple(address for batch_addresses in each for address in batch_addresses)
             kept = made.pop(addresses, None)  # put back last: the least recently used goes first
             if kept is None:
                 if any(address % _ALIGN for address in addresses):
                     return None
-                groups = [Group.in_place(batch.key, read, [tensor.data_ptr() for tensor in read], batch.counts,
-                                         batch.layout) for batch, read in zip(batches, reads, strict=True)]
-                for group in groups:
-                    group.arena = None  # kept: no tensor of the caller's (each launch reads the one given then)
+                groups = [Group.in_place(batch.key, read, batch_addresses, batch.counts, batch.layout)
+                          for batch, read, batch_addresses in zip(batches, reads, each, strict=True)]
                 kept = (groups, triton_digest.group_tables(groups))
                 if len(made) >= TABLES:
                     del made[next(iter(made))]

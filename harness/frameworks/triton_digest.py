@@ -483,17 +483,17 @@ class Group:
     def in_place(cls, key: tuple, tensors: Sequence, addresses: Sequence[int], counts: Sequence[int],
                  layout: tuple[int, bool, bool]) -> Group:
         """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries;
-        their addresses and elements given), read where they are: its `arena` is the one at the lowest address
-        (`lowest`), and each segment's first unit is counted from there. Launched by a batch plan (triton_batch) on
-        the tensors of each call (nothing is copied: a later change of a tensor must not come between a call and its
-        launch). The segments' rows as `_segment` makes them, for all at once; segment i is tensors[i]."""
+        their addresses and elements given), read where they are: each segment's first unit is counted from the
+        address of tensors[`lowest`]. No arena is kept (no tensor of the caller's): a batch plan (triton_batch) keeps
+        the group and launches a `fresh` copy on the tensors of each call, its arena the one at that place then
+        (nothing is copied: a later change of a tensor must not come between a call and its launch). The segments'
+        rows as `_segment` makes them, for all at once; segment i is tensors[i]."""
         import numpy as np
 
         group = cls(key, tensors[0], layout, None)
         at = np.array(addresses, dtype=np.int64)
         elements = np.array(counts, dtype=np.int64)
         lowest = group.lowest = int(at.argmin())
-        group.arena = tensors[lowest].detach()  # only its address is read: no autograd graph around the launch
         units = -(-elements * group.width // group.unit)
         items = np.maximum(-(-units // group.item_units), 1)
         ends = np.cumsum(items)
