@@ -204,9 +204,10 @@ def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "int8"])
 def test_a_batch_read_in_place_has_the_segment_rows_one_by_one_would_make(dtype):
-    """Group.in_place makes its segments' rows for the whole batch at once (numpy): the same rows, item count and
-    largest segment as `_segment` called per tensor, for tensors of many sizes (empty-sized ones excepted: the batch
-    leaves them out) at 16-byte aligned addresses in any order, some items long."""
+    """Group.in_place makes its segments' rows for the whole batch at once (numpy), and `placed` their first units:
+    the same rows, item count and largest segment as `_segment` called per tensor, for tensors of many sizes
+    (empty-sized ones excepted: the batch leaves them out) at 16-byte aligned addresses in any order, some items
+    long; placed at an address off a 16-byte boundary, no group."""
     import numpy as np
     import torch
 
@@ -229,7 +230,9 @@ def test_a_batch_read_in_place_has_the_segment_rows_one_by_one_would_make(dtype)
     counts = [tensor.numel() for tensor in tensors]
     layout = triton_digest._layout(tensors[0])
     key = (-1, 0, dtype_)
-    group = triton_digest.Group.in_place(key, tensors, addresses, counts, layout)
+    template = triton_digest.Group.in_place(key, tensors[0], counts, layout)
+    group = template.placed(addresses)
+    assert group is not None and template.placed([*addresses[:-1], addresses[-1] + width]) is None
     one_by_one = triton_digest.Group(key, tensors[0], layout, 16)
     base = min(addresses)
     for address, n in zip(addresses, counts, strict=True):
@@ -380,7 +383,7 @@ def test_batched_digest_reads_the_tensors_in_place_as_they_are_then(torch, monke
     found = cases("cuda")
     adapter = TorchAdapter()
     pending = adapter.device_digests([tensor for _, tensor, _ in found])
-    batched = [isinstance(work.values, triton_digest.GroupSlot) and work.values.group.out is not None for work in pending]
+    batched = [isinstance(work.values, triton_digest.GroupSlot) and work.values.group.block is not None for work in pending]
     assert sum(batched) >= len(found) // 2
     for _, tensor, _ in found:
         if tensor.is_floating_point() and tensor.numel():

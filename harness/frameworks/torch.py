@@ -308,16 +308,12 @@ class TorchAdapter(FrameworkAdapter):
         if plan.facts is None:  # what each digest's entry says of its tensor: the same while the plan is
             plan.facts = [None if slot is None else (dtype_name_of(tensor), tuple(tensor.shape), tensor.nbytes)
                           for tensor, slot in zip(batched, slots, strict=True)]
-        started = [None if slot is None else PendingDigest(fact[0], fact[1], fact[2], slot)
-                   for slot, fact in zip(slots, plan.facts, strict=True)]
+        started = [self.device_digest(tensor) if slot is None else PendingDigest(fact[0], fact[1], fact[2], slot)
+                   for tensor, slot, fact in zip(batched, slots, plan.facts, strict=True)]
         if every:
-            return [self.device_digest(tensor) if work is None else work for tensor, work in zip(tensors, started, strict=True)]
-        on_device = iter(started)
-        found = []
-        for tensor, gpu in zip(tensors, on_gpu, strict=True):
-            work = next(on_device) if gpu else None  # the CPU's tensors one by one
-            found.append(self.device_digest(tensor) if work is None else work)
-        return found
+            return started
+        on_device = iter(started)  # the CPU's tensors one by one
+        return [next(on_device) if gpu else self.device_digest(tensor) for tensor, gpu in zip(tensors, on_gpu, strict=True)]
 
     def host_layout(self, tensor) -> tuple[int, str, tuple[int, ...]] | None:
         if self.digest_on_cpu or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():

@@ -26,12 +26,12 @@ _DTYPE_FACTS: dict[Any, tuple[tuple[int, bool, bool] | None, int]] = {}  # torch
 
 
 class Batch:
-    """The tensors of a list that one launch of `grouped_digest` reads: their indices in the list, elements, and per
-    tensor the contiguous buffer it is copied into each call (None: read in place)."""
+    """The tensors of a list that one launch of `grouped_digest` reads: their indices in the list, and per tensor the
+    contiguous buffer it is copied into each call (None: read in place); `group` their rows but their places
+    (triton_digest.Group.in_place), placed per set of addresses."""
 
-    def __init__(self, key: tuple, layout: tuple[int, bool, bool], indices: list[int], counts: list[int],
-                 buffers: list[Any]):
-        self.key, self.layout, self.indices, self.counts, self.buffers = key, layout, indices, counts, buffers
+    def __init__(self, group: Group, indices: list[int], buffers: list[Any]):
+        self.group, self.indices, self.buffers = group, indices, buffers
 
     def reads(self, tensors) -> list[Any]:
         """What it reads of `tensors`: each tensor, or its buffer."""
@@ -46,10 +46,12 @@ class Plan:
     def __init__(self, key: list[tuple], settings: tuple, streams: list[tuple[int, int]]):
         self.key, self.settings, self.streams = key, settings, streams
         self.devices: list[list[Batch]] = []  # the batches of each device
-        # per device: the addresses its batches read (in order) -> their groups (not launched, holding no tensor of
-        # the caller's) and tables
-        self.made: list[dict[tuple[int, ...], tuple[list[Group], Any]]] = []
-        self.copies: list[tuple[int, Any]] = []  # (index, the contiguous buffer it is copied into each call)
+        self.live: list[list[int]] = []  # per device: the indices of the tensors its batches read in place, in order
+        # per device: those tensors' addresses -> their groups (not launched, holding no tensor of the caller's),
+        # each group's table and what its lowest member is (the tensor's index, or the buffer it is copied into)
+        self.made: list[dict[tuple[int, ...], tuple[list[Group], list, list[tuple[int, Any]]]]] = []
+        self.copied: list[int] = []  # the indices of the tensors copied each call, and the buffers they go into
+        self.buffers: list[Any] = []
         self.facts: list | None = None
 
     def matches(self, key: list[tuple], settings: tuple) -> bool:
@@ -62,33 +64,42 @@ class Plan:
         import torch
 
         launches = []
-        for batches, made in zip(self.devices, self.made, strict=True):
-            reads = [batch.reads(tensors) for batch in batches]
-            each = [[tensor.data_ptr() for tensor in read] for read in reads]
-            addresses = tuple(address for batch_addresses in each for address in batch_addresses)
+        for batches, live, made in zip(self.devices, self.live, self.made, strict=True):
+            addresses = tuple([tensors[i].data_ptr() for i in live])
             kept = made.pop(addresses, None)  # put back last: the least recently used goes first
             if kept is None:
-                if any(address % _ALIGN for address in addresses):
+                kept = self._tables(batches, tensors)
+                if kept is None:
                     return None
-                groups = [Group.in_place(batch.key, read, batch_addresses, batch.counts, batch.layout)
-                          for batch, read, batch_addresses in zip(batches, reads, each, strict=True)]
-                kept = (groups, triton_digest.group_tables(groups))
                 if len(made) >= TABLES:
                     del made[next(iter(made))]
             made[addresses] = kept
-            launches.append((batches, reads, kept))
-        if self.copies:
+            launches.append((batches, kept))
+        if self.copied:
             with torch.no_grad():  # a copy from a tensor that requires grad would put the buffer into the graph
-                for index, buffer in self.copies:
-                    buffer.copy_(tensors[index])
+                torch._foreach_copy_(self.buffers, [tensors[i] for i in self.copied])
         found: list[GroupSlot | None] = [None] * len(tensors)
-        for batches, reads, (groups, table) in launches:
-            fresh = [group.fresh(read[group.lowest].detach()) for group, read in zip(groups, reads, strict=True)]
+        for batches, (groups, tables, lowest) in launches:
+            fresh = [group.fresh(tensors[i].detach() if buffer is None else buffer)
+                     for group, (i, buffer) in zip(groups, lowest, strict=True)]
             for group, batch in zip(fresh, batches, strict=True):
                 for segment, index in enumerate(batch.indices):
                     found[index] = GroupSlot(group, segment)
-            triton_digest.launch_on_device(fresh, table)
+            triton_digest.launch_on_device(fresh, tables)
         return found
+
+    @staticmethod
+    def _tables(batches: list[Batch], tensors) -> tuple[list[Group], list, list[tuple[int, Any]]] | None:
+        """The groups of a device's batches placed at the addresses of `tensors` (and the buffers), their tables, and
+        what each one's lowest member is; None where a tensor read in place does not start on a 16-byte boundary."""
+        groups, lowest = [], []
+        for batch in batches:
+            group = batch.group.placed([tensor.data_ptr() for tensor in batch.reads(tensors)])
+            if group is None:
+                return None
+            groups.append(group)
+            lowest.append((batch.indices[group.lowest], batch.buffers[group.lowest]))
+        return groups, triton_digest.group_tables(groups), lowest
 
 
 def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan | None]:
@@ -121,8 +132,8 @@ def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
     import torch
 
     limit = settings[0]
-    # (device index, raw stream, dtype) -> (layout, [(the tensor's index, its elements, its buffer or None)])
-    batches: dict[tuple, tuple[tuple[int, bool, bool], list[tuple[int, int, Any]]]] = {}
+    # (device index, raw stream, dtype) -> (layout, a tensor, [(the tensor's index, its elements, its buffer or None)])
+    batches: dict[tuple, tuple[tuple[int, bool, bool], Any, list[tuple[int, int, Any]]]] = {}
     streams: dict[int, int] = {}  # device index -> its current raw stream
     copies = []
     for i, (tensor, (dtype, _, contiguous)) in enumerate(zip(tensors, key, strict=True)):
@@ -139,14 +150,17 @@ def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
         index = tensor.get_device()
         if index not in streams:
             streams[index] = triton_digest.raw_stream(index)
-        batches.setdefault((index, streams[index], dtype), (layout, []))[1].append((i, n, buffer))
+        batches.setdefault((index, streams[index], dtype), (layout, tensor, []))[2].append((i, n, buffer))
     plan = Plan(key, settings, [(index, stream) for index, stream in streams.items() if index >= 0])
-    plan.copies = copies
+    plan.copied, plan.buffers = [i for i, _ in copies], [buffer for _, buffer in copies]
     by_device: dict[int, list[Batch]] = {}
-    for batch_key, (layout, members) in batches.items():
+    for batch_key, (layout, tensor, members) in batches.items():
         indices, counts, buffers = zip(*members, strict=True)
-        by_device.setdefault(batch_key[0], []).append(Batch(batch_key, layout, list(indices), list(counts), list(buffers)))
+        group = Group.in_place(batch_key, tensor, counts, layout)
+        by_device.setdefault(batch_key[0], []).append(Batch(group, list(indices), list(buffers)))
     plan.devices = list(by_device.values())
+    plan.live = [[i for batch in batches for i, buffer in zip(batch.indices, batch.buffers, strict=True) if buffer is None]
+                 for batches in plan.devices]
     plan.made = [{} for _ in plan.devices]
     return plan
 

@@ -390,7 +390,9 @@ def _find_memcpy() -> Any:
         return None
     for path in paths:
         try:
-            function = ctypes.CDLL(path).cudaMemcpyAsync
+            # PyDLL: called holding the interpreter's lock (a CDLL call releases it, and the writer thread, taking
+            # it, keeps the training's thread waiting for up to a switch interval after a call of a few us)
+            function = ctypes.PyDLL(path).cudaMemcpyAsync
         except (OSError, AttributeError):
             continue
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
@@ -400,7 +402,7 @@ def _find_memcpy() -> Any:
 
 
 class GroupSlot:
-    """The handle of a grouped digest: row `index` of its group's handles (the group's `out`, fast_hash.SLOTS
+    """The handle of a grouped digest: row `index` of its group's handles (rows row0.. of its `block`, fast_hash.SLOTS
     as float64 per segment), there once the group is launched (`launch_groups`, at the step's end)."""
 
     __slots__ = ("group", "index")
@@ -441,8 +443,7 @@ class Group:
         self.rows: Any = array.array("q")
         self.items = 0
         self.largest = 0  # bytes of the largest segment: the factors V it needs
-        self.out: Any = None  # once launched: [segments, 8] float64, rows row0.. of `block`, the launch's handles
-        self.block: Any = None
+        self.block: Any = None  # once launched: its handles, rows row0.. of `block` ([rows, 8] float64, the launch's)
         self.row0 = 0
         self.lowest = 0  # `in_place`: the member at the lowest address, whose address the table counts from
 
@@ -450,7 +451,7 @@ class Group:
         """A copy not launched yet, reading `arena` (a batch plan's group, launched again on this step's tensors)."""
         group = object.__new__(Group)
         group.__dict__.update(self.__dict__)
-        group.arena, group.out, group.block = arena, None, None
+        group.arena, group.block = arena, None
         return group
 
     def add(self, tensor, n: int) -> GroupSlot:
@@ -480,28 +481,42 @@ class Group:
         return GroupSlot(self, len(self.rows) // 4 - 1)
 
     @classmethod
-    def in_place(cls, key: tuple, tensors: Sequence, addresses: Sequence[int], counts: Sequence[int],
-                 layout: tuple[int, bool, bool]) -> Group:
-        """A group whose segments are `tensors` themselves (contiguous, of its key, starting on 16-byte boundaries;
-        their addresses and elements given), read where they are: each segment's first unit is counted from the
-        address of tensors[`lowest`]. No arena is kept (no tensor of the caller's): a batch plan (triton_batch) keeps
-        the group and launches a `fresh` copy on the tensors of each call, its arena the one at that place then
-        (nothing is copied: a later change of a tensor must not come between a call and its launch). The segments'
-        rows as `_segment` makes them, for all at once; segment i is tensors[i]."""
+    def in_place(cls, key: tuple, tensor, counts: Sequence[int], layout: tuple[int, bool, bool]) -> Group:
+        """A group whose segments will be tensors themselves (contiguous, of its key, of `counts` elements; `tensor`
+        one of them), read where they are: its segments' rows as `_segment` makes them, for all at once (segment i
+        the i-th tensor), but their first units, which `placed` sets from the tensors' addresses. No arena is kept
+        (no tensor of the caller's): a batch plan (triton_batch) keeps the placed groups and launches a `fresh` copy
+        on the tensors of each call, its arena the one at that place then (nothing is copied: a later change of a
+        tensor must not come between a call and its launch)."""
         import numpy as np
 
-        group = cls(key, tensors[0], layout, None)
-        at = np.array(addresses, dtype=np.int64)
+        group = cls(key, tensor, layout, None)
         elements = np.array(counts, dtype=np.int64)
-        lowest = group.lowest = int(at.argmin())
         units = -(-elements * group.width // group.unit)
         items = np.maximum(-(-units // group.item_units), 1)
         ends = np.cumsum(items)
-        rows = np.empty((len(counts), 4), dtype=np.int64)
-        rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3] = ends - items, items, (at - at[lowest]) // group.unit, elements
-        group.rows = rows.reshape(-1)
+        rows = np.zeros((len(counts), 4), dtype=np.int64)
+        rows[:, 0], rows[:, 1], rows[:, 3] = ends - items, items, elements
+        group.rows = rows
         group.items = int(ends[-1])
         group.largest = int(elements.max()) * group.width
+        return group
+
+    def placed(self, addresses: Sequence[int]) -> Group | None:
+        """This `in_place` group for its tensors at `addresses` (in segment order): each segment's first unit
+        counted from the address of the member at the lowest (`lowest`); None where one does not start on a
+        16-byte boundary."""
+        import numpy as np
+
+        at = np.array(addresses, dtype=np.int64)
+        if (at % _ALIGN).any():
+            return None
+        group = object.__new__(Group)
+        group.__dict__.update(self.__dict__)
+        lowest = group.lowest = int(at.argmin())
+        rows = self.rows.copy()
+        rows[:, 2] = (at - at[lowest]) // self.unit
+        group.rows = rows.reshape(-1)
         return group
 
     def _copy(self, tensor, start: int) -> None:
@@ -511,15 +526,14 @@ class Group:
         segment.copy_(tensor.detach() if tensor.requires_grad else tensor)
 
 
-def launch_on_device(groups: list[Group], table: Any = None) -> None:
+def launch_on_device(groups: list[Group], tables: list | None = None) -> None:
     """`grouped_digest` over each group's segments (groups of one device), in the current stream (after the
-    copies' stream, where another): their tables (`group_tables`, made now unless given: a batch plan keeps
+    copies' stream, where another): each group's table (`group_tables`, made now unless given: a batch plan keeps
     them), one buffer for their handles (rows one after another, `block`) and partial rows; no zeroing (each
     segment's last program resets its arrival counter)."""
     import torch
 
     device = groups[0].device
-    segments = [len(group.rows) // 4 for group in groups]
     if groups[0].cuda:
         current = torch._C._cuda_getCurrentRawStream(groups[0].index)
         for group in groups:
@@ -527,23 +541,23 @@ def launch_on_device(groups: list[Group], table: Any = None) -> None:
                 stream = torch.cuda.current_stream(device)
                 stream.wait_stream(group.stream)
                 group.arena.record_stream(stream)
-    if table is None:
-        table = group_tables(groups)
+    if tables is None:
+        tables = group_tables(groups)
+    segments = [len(group.rows) // 4 for group in groups]
     rows = sum(segments)
     partials = [-(-7 * group.items // 2) * 2 for group in groups]
     work = torch.empty(8 * rows + sum(partials), dtype=torch.float64, device=device)
     block = work[:8 * rows].view(rows, 8)
     kernel = _kernels()["grouped"]
     weights = device_table(device, "W", fast_hash.BLOCK)
-    at = row = 0
+    row = 0
     parts = 8 * rows
-    for group, count, size, partial in zip(groups, segments, _table_sizes(segments), partials, strict=True):
+    for group, table, count, partial in zip(groups, tables, segments, partials, strict=True):
         factors = device_table(device, "V", fast_hash.blocks_of(group.largest))
-        triton_launch.launch(kernel, group.items, (group.arena, table[at:], weights, factors, work[8 * row:], work[parts:],
+        triton_launch.launch(kernel, group.items, (group.arena, table, weights, factors, work[8 * row:], work[parts:],
                                                    count, group.items), _grouped_meta(group.arena.dtype, group.width, group.layout))
-        group.out, group.block, group.row0 = block[row:row + count], block, row
+        group.block, group.row0 = block, row
         group.arena = None  # back to torch's allocator (reused, in stream order, by the next step's arena)
-        at += size
         row += count
         parts += partial
 
@@ -554,9 +568,9 @@ def _table_sizes(segments: list[int]) -> list[int]:
     return [-(-5 * count // 2) * 2 for count in segments]
 
 
-def group_tables(groups: list[Group]) -> Any:
-    """The tables of groups of one device, one after another, on that device: filled in pinned memory and moved
-    by one transfer in the current stream (the pinned block is kept until the copy is done); arrivals zero."""
+def group_tables(groups: list[Group]) -> list:
+    """Each group's table (groups of one device), one after another on that device: filled in pinned memory and
+    moved by one transfer in the current stream (the pinned block is kept until the copy is done); arrivals zero."""
     import numpy as np
     import torch
 
@@ -568,7 +582,9 @@ def group_tables(groups: list[Group]) -> Any:
     for group, count, size in zip(groups, segments, sizes, strict=True):
         host[at:at + 4 * count].reshape(4, count)[:] = np.frombuffer(group.rows, dtype=np.int64).reshape(count, 4).T
         at += size
-    return pinned.to(groups[0].device, non_blocking=True) if groups[0].cuda else pinned
+    table = pinned.to(groups[0].device, non_blocking=True) if groups[0].cuda else pinned
+    starts = np.cumsum([0, *sizes[:-1]])
+    return [table[int(start):] for start in starts]
 
 
 def _grouped_meta(dtype, width: int, layout: tuple[int, bool, bool]) -> dict:
@@ -634,7 +650,7 @@ def launch_groups(handles: list) -> None:
     _ROUTE.clear()
     waiting: dict[int, Group] = {}
     for handle in handles:
-        if type(handle) is GroupSlot and handle.group.out is None:
+        if type(handle) is GroupSlot and handle.group.block is None:
             waiting[id(handle.group)] = handle.group
     for group in waiting.values():
         if _OPEN.get(group.key) is group:
