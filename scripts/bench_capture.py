@@ -24,7 +24,9 @@ variant, a captured round inside one `with capture` block whose end (the last st
 durable) is timed too, entering it is not. The result is the time per step: of the whole round, and of its steps
 alone (the loop, up to the last step's synchronize; its end not counted), the capture's cost per step when it runs
 for many more steps than a round's.
-bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time.
+bias_swiglu runs eagerly (torch.compiler "force_eager"): no compile time. On CUDA it also prints how many lists of
+tensors were digested together and how many plans and tables they made (harness.frameworks.triton_batch.COUNTS):
+a list whose plan is reused costs less host time.
 --optimizer: a step ends with an AdamW step (lr 1e-4, clip 1.0), captured too (capture(..., optimizer=):
 gradients applied, states, updated parameters): on cuda megatron-core's own optimizer
 (Float16OptimizerWithFloat16Params for bf16, with fp32 main parameters; FP32Optimizer for fp32); on the CPU,
@@ -48,7 +50,7 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from harness.capture import capture
-from harness.frameworks import triton_launch
+from harness.frameworks import triton_batch, triton_launch
 from harness.frameworks.megatron_group import one_process_group
 
 # a --hash variant -> the environment it runs in: fast by the torch ops; fast with Triton's own launch every time
@@ -251,6 +253,10 @@ def main() -> None:
             label = "no capture" if mode is None else "capture, full" if mode[0] == "full" else f"capture, digest {mode[1]}"
             print(f"    {label:<27} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
                   f"(min {min(values) * 1e3:.1f}, max {max(values) * 1e3:.1f})")
+    counts = triton_batch.COUNTS
+    if counts["lists"]:  # whether the step's lists reuse their plans: a new plan per list costs more host time
+        print(f"  lists digested together (parameters, gradients, optimizer states; every round, the warm-up too): "
+              f"{counts['lists']}, plans made {counts['plans']}, tables made {counts['tables']}")
 
 
 if __name__ == "__main__":

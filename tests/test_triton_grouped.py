@@ -150,7 +150,9 @@ def _run() -> None:
             tensors[1] = tensors[1].clone().mul_(3)
         if round_ == " reshaped":
             tensors[0] = tensors[0].reshape(tensors[0].shape[::-1])
+        before = dict(triton_batch.COUNTS)
         slots, plan = triton_batch.batched_device_digests(tensors)
+        made = {kind: triton_batch.COUNTS[kind] - before[kind] for kind in ("lists", "plans", "tables")}
         first = first or plan
         handles = [triton_digest.fused_device_digest(tensor) if slot is None else slot
                    for tensor, slot in zip(tensors, slots, strict=True)]
@@ -168,7 +170,7 @@ def _run() -> None:
                               "fast64": entry["fast64"], "expected": expected, "stats": entry["stats"],
                               "expected_stats": stats, "elements": float(row[4]), "size": int(array.size),
                               "groups": len(groups), "batched": slot is not None, "readable": readable,
-                              "same plan": plan is first}), flush=True)
+                              "same plan": plan is first, "made": made}), flush=True)
 
 
 def _check(result: dict) -> None:
@@ -200,6 +202,10 @@ def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     assert all(r["same plan"] and r["label"].endswith(" again") for r in again)
     assert all(r["same plan"] and r["label"].endswith(" replaced") for r in replaced)
     assert not any(r["same plan"] for r in reshaped) and all(r["label"].endswith(" reshaped") for r in reshaped)
+    # what each round made (triton_batch.COUNTS): a plan and its tables; nothing; new tables; a plan and its tables
+    made = [batched[k * count]["made"] for k in range(4)]
+    assert made == [{"lists": 1, "plans": plans, "tables": tables}
+                    for plans, tables in ((1, 1), (0, 0), (0, 1), (1, 1))], made
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "int8"])

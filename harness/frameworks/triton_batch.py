@@ -23,6 +23,9 @@ PLANS = 16  # plans kept (a capture hands over a few lists per step: parameters,
 TABLES = 4  # tables kept per plan and device, for the addresses they were made for
 _PLANS: dict[tuple, Plan] = {}  # (tensors, the first one's key) -> its plan, oldest first
 _DTYPE_FACTS: dict[Any, tuple[tuple[int, bool, bool] | None, int]] = {}  # torch dtype -> (its _layout, element bytes)
+# lists digested together (calls of batched_device_digests with tensors), plans made, tables made (per device and set
+# of addresses): what scripts/bench_capture.py reports, to tell whether a training's lists reuse their plans
+COUNTS = {"lists": 0, "plans": 0, "tables": 0}
 
 
 class Batch:
@@ -71,6 +74,7 @@ class Plan:
                 kept = self._tables(batches, tensors)
                 if kept is None:
                     return None
+                COUNTS["tables"] += 1
                 if len(made) >= TABLES:
                     del made[next(iter(made))]
             made[addresses] = kept
@@ -111,6 +115,7 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
     resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped against 0.16 ms)."""
     if not tensors:
         return [], None
+    COUNTS["lists"] += 1
     key = [(tensor.dtype, tensor.shape, tensor.is_contiguous()) for tensor in tensors]
     # what a plan's tables depend on besides its tensors: the largest grouped tensor, a program's tiles
     settings = (triton_digest.route()[1], triton_digest.ITEM_TILES, triton_digest.WARPS)
@@ -119,6 +124,7 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
     found = plan.launch(tensors) if plan is not None and plan.matches(key, settings) else None
     if found is None:
         plan = _plan(tensors, key, settings)
+        COUNTS["plans"] += 1
         _PLANS.pop(name, None)
         while len(_PLANS) >= PLANS:
             del _PLANS[next(iter(_PLANS))]
