@@ -241,3 +241,24 @@ def test_variants_are_staticmethods_in_either_source_form():
 
     with pytest.raises(TypeError, match="must decorate a function"):
         variant(provenance="p")("not a function")
+
+
+def test_a_source_checkout_never_installed_knows_the_builtins(monkeypatch):
+    """harness on PYTHONPATH without xfalign's distribution metadata (its entry points missing, as on a machine where
+    nothing is installed): the built-ins come from pyproject.toml, every one of them; none without that fallback."""
+    import importlib.metadata
+
+    import harness.plugins
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    harness.plugins.entry_points.cache_clear()
+    try:
+        assert {"swiglu", "moe_combine", "linear", "vocab_parallel_cross_entropy", "rmsnorm", "rope"} <= set(known_families())
+        assert type(family_for("linear")).__name__ == "LinearFamily"
+        assert set(harness.plugins.entry_points("xfalign.frameworks")) == {"megatron", "paddle"}
+    finally:
+        harness.plugins.entry_points.cache_clear()
