@@ -512,8 +512,7 @@ class Group:
         at = np.array(addresses, dtype=np.int64)
         if (at % _ALIGN).any():
             return None
-        group = object.__new__(Group)
-        group.__dict__.update(self.__dict__)
+        group = self.fresh(None)
         lowest = group.lowest = int(at.argmin())
         rows = self.rows.copy()
         rows[:, 2] = (at - at[lowest]) // self.unit
@@ -579,13 +578,13 @@ def group_tables(groups: list[Group]) -> list:
     sizes = _table_sizes(segments)
     pinned = torch.zeros(sum(sizes), dtype=torch.int64, pin_memory=groups[0].cuda)
     host = pinned.numpy()
-    at = 0
+    starts, at = [], 0
     for group, count, size in zip(groups, segments, sizes, strict=True):
         host[at:at + 4 * count].reshape(4, count)[:] = np.frombuffer(group.rows, dtype=np.int64).reshape(count, 4).T
+        starts.append(at)
         at += size
     table = pinned.to(groups[0].device, non_blocking=True) if groups[0].cuda else pinned
-    starts = np.cumsum([0, *sizes[:-1]])
-    return [table[int(start):] for start in starts]
+    return [table[start:] for start in starts]
 
 
 def _grouped_meta(dtype, width: int, layout: tuple[int, bool, bool]) -> dict:
