@@ -307,7 +307,8 @@ def test_grouped_digest_on_the_device_equals_numpy_and_the_ungrouped_kernel(torc
 @pytest.mark.gpu
 def test_launches_after_the_first_of_a_specialization_skip_tritons_binding_and_digest_alike(torch, monkeypatch):
     """A kernel's later launches of a specialization call its compiled launcher directly (harness.frameworks
-    .triton_launch): the same digests as the first launches, for every case (views at odd addresses are their own
+    .triton_launch), the fused digest of a dtype and size launched before without binding its arguments (READY):
+    the same digests as the first launches, for every case (views at odd addresses are their own
     specializations), grouped and fused; and on the current stream, behind what that stream does first."""
     from harness.frameworks import triton_digest, triton_launch
     from harness.frameworks.torch import TorchAdapter, device_digest
@@ -317,8 +318,14 @@ def test_launches_after_the_first_of_a_specialization_skip_tritons_binding_and_d
         pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
     from triton.runtime.jit import JITFunction
 
+    fused = triton_digest._kernels()["digest"]
+    bound = []  # launches of the fused kernel through triton_launch.launch: the others are its kept launchers' (READY)
+    launch = triton_launch.launch
+    monkeypatch.setattr(triton_launch, "launch", lambda kernel, *args: bound.append(kernel is fused) or launch(kernel, *args))
+    triton_launch.READY.clear()  # kept by the tests before: the first pass keeps them again
     first = [json.dumps(entry, sort_keys=True) for grouped in (True, False) for entry in _device_step(torch, grouped, monkeypatch)]
-    known = len(triton_launch._FAST)
+    known, bound_first = len(triton_launch._FAST), sum(bound)
+    bound.clear()
     tritons = []  # launches through Triton's own binding (`kernel[grid](...)` calls JITFunction.run)
     run = JITFunction.run
     monkeypatch.setattr(JITFunction, "run", lambda self, *args, **kwargs: tritons.append(self) or run(self, *args, **kwargs))
@@ -326,6 +333,8 @@ def test_launches_after_the_first_of_a_specialization_skip_tritons_binding_and_d
     monkeypatch.setattr(JITFunction, "run", run)
     assert known and len(triton_launch._FAST) == known  # no specialization new
     assert tritons == []  # every launch the second time direct
+    # the contiguous tensors at 16-byte boundaries were launched by the launchers kept for their dtype and size
+    assert triton_launch.READY and sum(bound) < bound_first, (sum(bound), bound_first)
     assert again == first
     for n in (70_000, 3_000_000):  # grouped, fused
         source = torch.randn(n, device="cuda")

@@ -21,6 +21,9 @@ from typing import Any
 # metadata, the constexprs' values in the kernel's argument order, the compiled kernel)
 _FAST: dict[tuple, tuple] = {}
 _DIRECT: list[bool] = []  # [whether launches may skip Triton's binding], decided at the first launch
+# a caller's own key -> what `launcher` gave for it (a caller that knows its arguments' specialization from fewer
+# facts than `launch` reads: triton_digest's fused digest, by dtype and size); cleared by `forget` as _FAST is
+READY: dict[tuple, Any] = {}
 _CALLS: list[Any] = []  # torch's current device and current raw stream, and Triton's runtime knobs
 
 
@@ -40,6 +43,27 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
     run, function, packed, constants, compiled = found
     run(programs, 1, 1, _CALLS[1](device), function, packed, None, None, None, *args, *constants)
     return compiled
+
+
+def launcher(kernel, args: tuple, meta: dict) -> tuple | None:
+    """What `launch` calls for these arguments' specialization on the current device, once it has launched it
+    directly: (Triton's compiled launcher, its function, its packed metadata, the constexprs in argument order), to
+    be called as `launch` calls it, on `raw_stream`; None where launches go through `kernel[grid](...)`."""
+    if not _CALLS:
+        _setup()
+    found = _FAST.get((kernel, _CALLS[0](), _specialization(kernel, args), tuple(meta.items())))
+    return None if found is None else found[:4]
+
+
+def direct_on(device: int) -> bool:
+    """Whether a launcher `launcher` gave for `device` may be called now: that device is the current one, and no
+    launch hook (a profiler's) is set, which Triton's own launch (`kernel[grid](...)`) would call."""
+    return _CALLS[0]() == device and not _hooked(_CALLS[2])
+
+
+def raw_stream(device: int) -> int:
+    """The current raw stream of CUDA device `device` (after `launcher` has answered)."""
+    return _CALLS[1](device)
 
 
 def _hooked(knobs) -> bool:
@@ -79,6 +103,7 @@ LAUNCH_VARIABLE = "XFALIGN_TRITON_LAUNCH"  # "triton": every launch Triton's own
 def forget() -> None:
     """Drop the launches remembered; the next launch reads XFALIGN_TRITON_LAUNCH again."""
     _FAST.clear()
+    READY.clear()
     _DIRECT.clear()
     _CALLS.clear()
 
