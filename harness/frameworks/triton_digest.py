@@ -59,17 +59,18 @@ end a tensor may be changed in place (an activation by an in-place op, a paramet
 gradient by accumulation, often by kernels that write through raw pointers: NCCL, fused optimizers, wgrad
 accumulation, which bump no version counter) or freed and its memory reused; the copy keeps the digest that of
 the tensor at the hook, as the ungrouped kernel's stream-ordered read does.
-Measured (2026-12-02, one H200 of a virtual machine, driver 580.159.04, torch 2.11.0+cu130, Triton 3.6.0;
-scripts/check_fast_digest.py, scripts/bench_digest_kernel.py --grouped): a step of 100
-small tensors (15.8 MiB: bf16, fp32, int64, 5 not contiguous) costs 19.4 us of CPU per tensor grouped (15.7-32.0
-over 20 steps; device_digest 14.1 of it, fetch_digests the rest) against 68.6 (49.4-91.0) with one launch each,
-and 0.28 ms of GPU per step against 0.80. The issue's target, under 10 us, is not met on that machine: its
-CUDA calls are slow (one cudaMemcpyAsync, 7.8 us of CPU; a Triton launch ~60 us), and the copy is per tensor
-because device_digest cannot know when the hook that calls it ends (copies batched per hook call would need
-the capture to say so). GROUP_BYTES from 32 bf16 tensors per step, GPU per tensor grouped vs one launch each
-(medians of 3 and of 5 rounds in two runs alike, ranges within 0.5 us):
-1 MiB 5.1 vs 10.8 us, 4 MiB 8.2 vs 9.8, 16 MiB 23.7 vs 15.7 (grouped, the copy and the masked loads of
-`tile_pass`'s rest cost more than they save), CPU always less grouped (21-37 vs 51-63 us).
+Measured (2026-12-03 22:02-22:03 UTC, one H200 of a virtual machine, driver 580.159.04, torch 2.11.0+cu130, Triton
+3.6.0, the code of 75e4d7a; scripts/check_fast_digest.py, two runs, medians over 40 steps): a step of 100 small
+tensors (15.8 MiB: bf16, fp32, int64, 5 not contiguous) costs 14.9 and 16.0 us of CPU per tensor grouped one by one
+(device_digest each, then fetch_digests) against 21.1 and 21.8 with a launch each, and 0.26-0.28 ms of GPU per step
+against 0.60-0.62; digested together (harness.frameworks.triton_batch, as a step's parameters, gradients and
+optimizer states are) 4.7 and 7.0 us, 6.8 and 9.2 at new addresses. One by one, the copy is per tensor because
+device_digest cannot know when the hook that calls it ends. In a training step a hook's call costs several times
+what it does in such a loop: docs/capture-guide.md has the figures and the earlier ones.
+GROUP_BYTES was chosen from 32 bf16 tensors per step (2026-12-02, the same H200, scripts/bench_digest_kernel.py
+--grouped, the kernels as they are now), GPU per tensor grouped vs one launch each (medians of 3 and of 5 rounds in
+two runs alike, ranges within 0.5 us): 1 MiB 5.1 vs 10.8 us, 4 MiB 8.2 vs 9.8, 16 MiB 23.7 vs 15.7 (grouped, the copy
+and the masked loads of `tile_pass`'s rest cost more than they save); their CPU figures then predate 75e4d7a.
 
 What the bit-identity with numpy relies on (both on the GPU and in Triton's interpreter, TRITON_INTERPRET=1,
 which runs the kernels with numpy arrays):
