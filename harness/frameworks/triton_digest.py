@@ -68,7 +68,7 @@ optimizer states are) 4.7 and 7.0 us, 6.8 and 9.2 at new addresses. One by one, 
 device_digest cannot know when the hook that calls it ends. In a training step a hook's call costs several times
 what it does in such a loop: docs/capture-guide.md has the figures and the earlier ones.
 GROUP_BYTES was chosen from 32 bf16 tensors per step (2026-12-02, the same H200, scripts/bench_digest_kernel.py
---grouped, the kernels as they are now), GPU per tensor grouped vs one launch each (medians of 3 and of 5 rounds in
+--grouped, by edc1ce8, whose kernels have changed since), GPU per tensor grouped vs one launch each (medians of 3 and of 5 rounds in
 two runs alike, ranges within 0.5 us): 1 MiB 5.1 vs 10.8 us, 4 MiB 8.2 vs 9.8, 16 MiB 23.7 vs 15.7 (grouped, the copy
 and the masked loads of `tile_pass`'s rest cost more than they save); their CPU figures then predate 75e4d7a.
 
