@@ -5,7 +5,11 @@ plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
                                      [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full] [--optimizer]
-                                     [--writer thread|process]
+                                     [--writer thread|process] [--runs 3]
+
+--runs N: N separate runs, one process each after the other (the host's speed varies between processes more than
+between rounds of one), each printed as it ends, then per variant the median of the runs' ratios and their range:
+the figures a row of the capture guide gives.
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
 and "fast" (fast64 and the stats computed where the tensor lives, harness.store.fast_hash: on a GPU one
@@ -37,8 +41,11 @@ after torch's clip_grad_norm_.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -211,7 +218,13 @@ def main() -> None:
     parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every step, captured too")
     parser.add_argument("--writer", choices=("thread", "process"), default="thread",
                         help="the capture's writer (capture(writer=...)); a process is started once, in the warm-up")
+    parser.add_argument("--runs", type=int, default=1, help="separate runs (a process each), then the median and range "
+                                                            "of their ratios")
+    parser.add_argument("--figures", type=Path, help=argparse.SUPPRESS)  # a run of --runs writes its figures here
     args = parser.parse_args()
+    if args.runs > 1:
+        runs_apart(args.runs)
+        return
     global WRITER
     WRITER = args.writer
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -244,6 +257,7 @@ def main() -> None:
     print(("no full capture; " if args.no_full else f"full capture writes {written / 2**20:.1f} MiB per step; ") +
           f"load average before {load[0]:.2f}, after "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow every variant alike)")
+    figures: dict[str, dict[str, list[float]]] = {}  # part -> variant -> [median ms, ratio to the plain step]
     for part, what in ((0, "whole round (a capture's end included)"), (1, "its steps alone (the loop)")):
         print(f"  per step, {what}:")
         plain = statistics.median(t[part] for t in times[None])
@@ -251,12 +265,59 @@ def main() -> None:
             values = [t[part] for t in times[mode]]
             median = statistics.median(values)
             label = "no capture" if mode is None else "capture, full" if mode[0] == "full" else f"capture, digest {mode[1]}"
+            figures.setdefault(PARTS[part], {})[label] = [median * 1e3, median / plain]
             print(f"    {label:<27} {median * 1e3:8.1f} ms   x{median / plain:.2f}   "
                   f"(min {min(values) * 1e3:.1f}, max {max(values) * 1e3:.1f})")
+    if args.figures is not None:
+        args.figures.write_text(json.dumps(figures))
     counts = triton_batch.COUNTS
     if counts["lists"]:  # whether the step's lists reuse their plans: a new plan per list costs more host time
         print(f"  lists digested together (parameters, gradients, optimizer states; every round, the warm-up too): "
               f"{counts['lists']}, plans made {counts['plans']}, tables made {counts['tables']}")
+
+
+PARTS = ("whole round", "loop")
+
+
+def runs_apart(runs: int) -> None:
+    """Run this script `runs` times with the same options, one process after the other (their output as it comes),
+    then print `summary` of their figures."""
+    argv = _without_runs(sys.argv[1:])
+    found = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(runs):
+            print(f"run {run + 1} of {runs}:", flush=True)
+            figures = Path(tmp) / f"run-{run}.json"
+            subprocess.run([sys.executable, __file__, *argv, "--figures", str(figures)], check=True)
+            found.append(json.loads(figures.read_text()))
+    print(summary(found))
+
+
+def _without_runs(argv: list[str]) -> list[str]:
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--runs":
+            skip = True
+        elif not arg.startswith("--runs="):
+            kept.append(arg)
+    return kept
+
+
+def summary(runs: list[dict[str, dict[str, list[float]]]]) -> str:
+    """Per part and variant, over the runs: the median of the runs' ratios to their plain step, and their range (a
+    run's ratio is its rounds' median over its plain rounds' median); the plain step's range in ms."""
+    lines = [f"over {len(runs)} runs, each a process of its own: the median of the runs' ratios (their range)"]
+    for part in PARTS:
+        lines.append(f"  per step, {part}:")
+        for label in runs[0][part]:
+            ms = [run[part][label][0] for run in runs]
+            ratios = [run[part][label][1] for run in runs]
+            figure = f"{min(ms):.1f}-{max(ms):.1f} ms" if label == "no capture" else \
+                f"x{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            lines.append(f"    {label:<27} {figure}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

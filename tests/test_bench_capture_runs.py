@@ -1,0 +1,38 @@
+"""scripts/bench_capture.py --runs: the runs' figures summed up as the capture guide's rows give them (the median of
+the runs' ratios and their range; the plain step's range), and the options passed on to each run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_capture", ROOT / "scripts" / "bench_capture.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(plain_ms: float, whole: float, loop: float) -> dict:
+    return {"whole round": {"no capture": [plain_ms, 1.0], "capture, digest fast": [plain_ms * whole, whole]},
+            "loop": {"no capture": [plain_ms, 1.0], "capture, digest fast": [plain_ms * loop, loop]}}
+
+
+def test_runs_are_summed_up_by_the_median_of_their_ratios_and_their_range(torch):
+    bench = _bench()
+    text = bench.summary([_run(25.5, 1.13, 1.10), _run(25.8, 1.12, 1.08), _run(25.6, 1.23, 1.09)])
+    lines = [line.split() for line in text.splitlines()]
+    assert lines[0][:3] == ["over", "3", "runs,"]
+    assert lines[1:] == [["per", "step,", "whole", "round:"], ["no", "capture", "25.5-25.8", "ms"],
+                         ["capture,", "digest", "fast", "x1.13", "(1.12-1.23)"],
+                         ["per", "step,", "loop:"], ["no", "capture", "25.5-25.8", "ms"],
+                         ["capture,", "digest", "fast", "x1.09", "(1.08-1.10)"]]
+
+
+def test_each_run_gets_the_options_but_runs(torch):
+    bench = _bench()
+    assert bench._without_runs(["--runs", "3", "--model", "mlp", "--runs=2", "--no-full"]) == ["--model", "mlp", "--no-full"]
