@@ -3,18 +3,11 @@ the runs' ratios and their range; the plain step's range), and the options passe
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from scripts_loader import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_capture", ROOT / "scripts" / "bench_capture.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_capture")
 
 
 def _run(plain_ms: float, whole: float, loop: float) -> dict:

@@ -2,13 +2,11 @@
 step that differs is kept in full; on_divergence="stop" ends the training there; through a map, a tensor
 whose layout differs is checked from its held copy."""
 
-import functools
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts_loader import load_script
 
 from harness.capture import capture
 from harness.capture.api import CaptureDiverged, CaptureError
@@ -20,14 +18,10 @@ pytestmark = pytest.mark.xdist_group("in_process_frameworks")
 STEPS = 20  # scripts/live_check_disk.py's (checked when it is loaded)
 
 
-@functools.cache
 def _script():
     """scripts/live_check_disk.py, whose training these tests capture (smaller); loaded by the first test that
     needs it (it imports torch)."""
-    path = Path(__file__).resolve().parent.parent / "scripts" / "live_check_disk.py"
-    spec = importlib.util.spec_from_file_location("live_check_disk", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("live_check_disk")
     assert module.STEPS == STEPS
     return module
 

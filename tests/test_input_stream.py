@@ -9,13 +9,13 @@ tests/data/input_digests.json`; when existing inputs' bits change, bump harness.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGESTS = ROOT / "tests" / "data" / "input_digests.json"
@@ -69,16 +69,8 @@ def test_numpy_generator_stream_is_the_recorded_one(seed, name):
     assert stream_digests(seed, name) == KNOWN[seed, name], f"numpy {np.__version__}: the generator's stream changed"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("input_digests", ROOT / "scripts" / "input_digests.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_builtin_input_has_its_recorded_digest():
-    script = load_script()
+    script = load_script("input_digests")
     files = script.case_files()
     assert any(f.parent.name == "gpu" for f in files) and len(files) > 30
     actual = script.input_digests(files)
@@ -88,6 +80,6 @@ def test_every_builtin_input_has_its_recorded_digest():
 
 
 def test_digest_file_is_as_the_script_writes_it():
-    script = load_script()
+    script = load_script("input_digests")
     text = DIGESTS.read_text()
     assert script.dumps(json.loads(text)) == text  # sorted, one line per input: a change reads well in a diff
