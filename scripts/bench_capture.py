@@ -197,7 +197,7 @@ def timed(model, x, grad, variant: tuple[str, str] | None, folder: Path, steps: 
     return seconds / steps, loop / steps
 
 
-def main() -> None:
+def options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--ffn", type=int, default=1024)
@@ -221,7 +221,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="separate runs (a process each), then the median and range "
                                                             "of their ratios")
     parser.add_argument("--figures", type=Path, help=argparse.SUPPRESS)  # a run of --runs writes its figures here
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = options().parse_args()
     if args.runs > 1:
         runs_apart(args.runs)
         return
@@ -282,27 +286,20 @@ PARTS = ("whole round", "loop")
 def runs_apart(runs: int) -> None:
     """Run this script `runs` times with the same options, one process after the other (their output as it comes),
     then print `summary` of their figures."""
-    argv = _without_runs(sys.argv[1:])
     found = []
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(runs):
             print(f"run {run + 1} of {runs}:", flush=True)
             figures = Path(tmp) / f"run-{run}.json"
-            subprocess.run([sys.executable, __file__, *argv, "--figures", str(figures)], check=True)
+            subprocess.run(run_command(sys.argv[1:], figures), check=True)
             found.append(json.loads(figures.read_text()))
     print(summary(found))
 
 
-def _without_runs(argv: list[str]) -> list[str]:
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--runs":
-            skip = True
-        elif not arg.startswith("--runs="):
-            kept.append(arg)
-    return kept
+def run_command(argv: list[str], figures: Path) -> list[str]:
+    """One run of `runs_apart`: these options, then --runs 1 (argparse keeps an option's last value, whichever
+    spelling came before: --runs=3, --run 3) and where to write its figures."""
+    return [sys.executable, __file__, *argv, "--runs", "1", "--figures", str(figures)]
 
 
 def summary(runs: list[dict[str, dict[str, list[float]]]]) -> str:
