@@ -287,10 +287,8 @@ def fused_device_digest(tensor) -> Any:
             programs, size, weights, factors, args, ring, run, function, packed, constants = ready
             out = torch.empty(size, dtype=torch.float64, device=tensor.device)
             if not out.data_ptr() % _ALIGN:  # as when the launcher was kept (torch's allocator aligns its blocks)
-                counter = ring[1]
-                ring[1] = (counter + 1) % COUNTERS
-                run(programs, 1, 1, triton_launch.raw_stream(index), function, packed, None, None, None,
-                    tensor, weights, factors, out, ring[0], counter, *args, *constants)
+                run(programs, 1, 1, raw_stream(index), function, packed, None, None, None,
+                    tensor, weights, factors, out, ring[0], _take(ring), *args, *constants)
                 return out[:len(fast_hash.SLOTS)]
     kernel = _kernels()["digest"]
     layout = _layout(tensor)
@@ -332,8 +330,9 @@ def _ready(flat, launch: Launch, args: tuple) -> None:
     a tensor and an output that start on 16-byte boundaries (what `fused_device_digest` checks before calling it):
     no detach, view, plan lookup nor binding of 13 arguments per launch."""
     key = (_FUSED, flat.get_device(), flat.dtype, flat.numel(), _settings())
-    planned = _PLANS.get((flat.device, flat.dtype, flat.numel(), _settings()))
-    if key in triton_launch.READY or planned is not launch or not triton_launch.direct_on(key[1]):
+    if key in triton_launch.READY:  # first: a size's tensors that miss its launcher (views' copies) come here each time
+        return
+    if _PLANS.get((flat.device, *key[2:])) is not launch or not triton_launch.direct_on(key[1]):
         return
     found = triton_launch.launcher(_kernels()["digest"], args, launch.meta)
     if found is None:
@@ -358,9 +357,14 @@ def _next_counter(device) -> tuple[Any, int]:
     ring = _COUNTERS.get(device)
     if ring is None:
         ring = _COUNTERS[device] = [torch.zeros(COUNTERS, dtype=torch.int32, device=device), 0]
+    return ring[0], _take(ring)
+
+
+def _take(ring: list) -> int:
+    """The index of a device's next counter (`_COUNTERS`' ring), taken."""
     index = ring[1]
     ring[1] = (index + 1) % COUNTERS
-    return ring[0], index
+    return index
 
 
 def kernel_choice() -> str:

@@ -31,8 +31,7 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
     """kernel[(programs,)](*args, **meta), its arguments tensors and integers; Triton's compiled kernel."""
     if not _CALLS:
         _setup()
-    device = _CALLS[0]()
-    key = (kernel, device, _specialization(kernel, args), tuple(meta.items()))
+    key = _key(kernel, args, meta)
     found = _FAST.get(key)
     knobs = _CALLS[2]
     if found is None or _hooked(knobs):
@@ -41,17 +40,23 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
             _remember(key, kernel, compiled, len(args), meta)
         return compiled
     run, function, packed, constants, compiled = found
-    run(programs, 1, 1, _CALLS[1](device), function, packed, None, None, None, *args, *constants)
+    run(programs, 1, 1, _CALLS[1](key[1]), function, packed, None, None, None, *args, *constants)
     return compiled
+
+
+def _key(kernel, args: tuple, meta: dict) -> tuple:
+    """_FAST's key of a launch of these arguments on the current device (after `_setup`): the device is key[1]."""
+    return kernel, _CALLS[0](), _specialization(kernel, args), tuple(meta.items())
 
 
 def launcher(kernel, args: tuple, meta: dict) -> tuple | None:
     """What `launch` calls for these arguments' specialization on the current device, once it has launched it
     directly: (Triton's compiled launcher, its function, its packed metadata, the constexprs in argument order), to
-    be called as `launch` calls it, on `raw_stream`; None where launches go through `kernel[grid](...)`."""
+    be called as `launch` calls it, on the device's current stream; None where launches go through
+    `kernel[grid](...)`."""
     if not _CALLS:
         _setup()
-    found = _FAST.get((kernel, _CALLS[0](), _specialization(kernel, args), tuple(meta.items())))
+    found = _FAST.get(_key(kernel, args, meta))
     return None if found is None else found[:4]
 
 
@@ -59,11 +64,6 @@ def direct_on(device: int) -> bool:
     """Whether a launcher `launcher` gave for `device` may be called now: that device is the current one, and no
     launch hook (a profiler's) is set, which Triton's own launch (`kernel[grid](...)`) would call."""
     return _CALLS[0]() == device and not _hooked(_CALLS[2])
-
-
-def raw_stream(device: int) -> int:
-    """The current raw stream of CUDA device `device` (after `launcher` has answered)."""
-    return _CALLS[1](device)
 
 
 def _hooked(knobs) -> bool:
