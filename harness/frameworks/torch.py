@@ -361,18 +361,25 @@ class TorchAdapter(FrameworkAdapter):
             if device.type != "cuda":
                 moves.append((indices, rows_at, stacked, None))
                 continue
-            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            pinned = _pinned_block(device, stacked.numel())
+            host = pinned[0][:stacked.numel()].view(stacked.shape)
             host.copy_(stacked, non_blocking=True)
-            done = torch.cuda.Event(blocking=True)  # its waiter sleeps: a spin would burn a core for the whole step
-            done.record(torch.cuda.current_stream(device))
-            moves.append((indices, rows_at, host, done))
+            pinned[1].record(torch.cuda.current_stream(device))
+            moves.append((indices, rows_at, host, pinned))
+
+        read: list[np.ndarray] = []
 
         def rows() -> np.ndarray:
+            if read:  # read once: the pinned blocks may be another fetch's since
+                return read[0]
             values = np.zeros((len(handles), len(SLOTS)))
-            for indices, rows_at, host, done in moves:
-                if done is not None:
-                    done.synchronize()
+            for indices, rows_at, host, pinned in moves:
+                if pinned is not None:
+                    pinned[1].synchronize()
                 values[indices] = host.numpy()[rows_at]
+                if pinned is not None:
+                    pinned[2] = False  # read: the next fetch may fill it
+            read.append(values)
             return values
 
         return rows
@@ -454,6 +461,31 @@ class TorchAdapter(FrameworkAdapter):
 
 _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump holds it)
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
+
+
+PINNED_BLOCKS = 4  # pinned blocks kept per device for fetch_digests' transfers
+_PINNED: dict = {}  # device -> its pinned blocks: [float64 host tensor, its transfer's event, whether in use]
+
+
+def _pinned_block(device, count: int) -> list:
+    """A pinned host block of at least `count` float64 for a fetch's transfer from `device`, and an event to record
+    after it, marked in use until its rows are read: one not in use is filled again (a training fetches about the same
+    count every step), without a pinned allocation and an event per step."""
+    import torch
+
+    blocks = _PINNED.setdefault(device, [])
+    for block in blocks:
+        if not block[2] and block[0].numel() >= count:
+            block[2] = True
+            return block
+    # its waiter sleeps: a spin would burn a core for the whole step
+    block = [torch.empty(max(count, 4096), dtype=torch.float64, pin_memory=True), torch.cuda.Event(blocking=True), True]
+    free = [i for i, kept in enumerate(blocks) if not kept[2]]
+    if len(blocks) < PINNED_BLOCKS:
+        blocks.append(block)
+    elif free:  # one too small: the larger one kept instead
+        blocks[free[0]] = block
+    return block
 
 
 def dtype_name_of(tensor) -> str | None:

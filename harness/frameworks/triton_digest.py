@@ -283,12 +283,15 @@ def fused_device_digest(tensor) -> Any:
     if tensor.is_contiguous():  # a size launched before: its launcher called at once (`_ready`)
         index = tensor.get_device()
         ready = triton_launch.READY.get((_FUSED, index, tensor.dtype, tensor.numel(), _settings()))
-        if ready is not None and not tensor.data_ptr() % _ALIGN and triton_launch.direct_on(index):
-            programs, size, weights, factors, args, ring, run, function, packed, constants = ready
+        address = tensor.data_ptr()
+        if ready is not None and not address % _ALIGN and triton_launch.direct_on(index):
+            programs, size, weights, factors, counters, args, ring, run, function, packed, constants, _ = ready
             out = torch.empty(size, dtype=torch.float64, device=tensor.device)
-            if not out.data_ptr() % _ALIGN:  # as when the launcher was kept (torch's allocator aligns its blocks)
+            at = out.data_ptr()
+            if not at % _ALIGN:  # as when the launcher was kept (torch's allocator aligns its blocks)
+                # the tensors as their addresses (see triton_launch's note)
                 run(programs, 1, 1, raw_stream(index), function, packed, None, None, None,
-                    tensor, weights, factors, out, ring[0], _take(ring), *args, *constants)
+                    address, weights, factors, at, counters, _take(ring), *args, *constants)
                 return out[:len(fast_hash.SLOTS)]
     kernel = _kernels()["digest"]
     layout = _layout(tensor)
@@ -339,8 +342,11 @@ def _ready(flat, launch: Launch, args: tuple) -> None:
         return
     if len(triton_launch.READY) >= _MAX_PLANS:
         triton_launch.READY.clear()
-    triton_launch.READY[key] = (launch.programs, 8 + 7 * launch.programs, launch.weights, launch.factors, launch.args,
-                                _COUNTERS[flat.device], *found)
+    ring = _COUNTERS[flat.device]
+    # the tables and counters by address, and kept alive with the entry
+    triton_launch.READY[key] = (launch.programs, 8 + 7 * launch.programs, launch.weights.data_ptr(),
+                                launch.factors.data_ptr(), ring[0].data_ptr(), launch.args, ring, *found,
+                                (launch.weights, launch.factors))
 
 
 COUNTERS = 1 << 16  # arrival counters per device, taken in turn by `digest`'s launches
@@ -572,9 +578,9 @@ class Group:
 
 def launch_on_device(groups: list[Group], tables: list | None = None) -> None:
     """`grouped_digest` over each group's segments (groups of one device), in the current stream (after the
-    copies' stream, where another): each group's table (`group_tables`, made now unless given: a batch plan keeps
-    them), one buffer for their handles (rows one after another, `block`) and partial rows; no zeroing (each
-    segment's last program resets its arrival counter)."""
+    copies' stream, where another): each group's table (`group_tables`, unless given: a batch plan keeps them; on
+    a GPU those of arena groups are kept too, `_kept_tables`), one buffer for their handles (rows one after
+    another, `block`) and partial rows; no zeroing (each segment's last program resets its arrival counter)."""
     import torch
 
     device = groups[0].device
@@ -585,6 +591,8 @@ def launch_on_device(groups: list[Group], tables: list | None = None) -> None:
                 stream = torch.cuda.current_stream(device)
                 stream.wait_stream(group.stream)
                 group.arena.record_stream(stream)
+        if tables is None:
+            tables = _kept_tables(groups, current)
     if tables is None:
         tables = group_tables(groups)
     segments = [len(group.rows) // 4 for group in groups]
@@ -604,6 +612,23 @@ def launch_on_device(groups: list[Group], tables: list | None = None) -> None:
         group.arena = None  # back to torch's allocator (reused, in stream order, by the next step's arena)
         row += count
         parts += partial
+
+
+KEPT_TABLES = 16  # arena groups' tables kept (`_kept_tables`)
+_TABLES: dict[tuple, list] = {}  # (stream, per group its key and rows) -> the groups' tables on their device
+
+
+def _kept_tables(groups: list[Group], stream: int) -> list:
+    """The tables of arena groups launched on `stream`, kept for groups of the same keys and rows (a training's steps
+    copy the same sizes in the same order every step): no pinned block and transfer per step. A kept table is launched
+    again in the same stream only (its arrival counters, reset by the launch that used them, are then zero)."""
+    key = (stream, *[(group.key, group.rows.tobytes()) for group in groups])
+    tables = _TABLES.get(key)
+    if tables is None:
+        if len(_TABLES) >= KEPT_TABLES:
+            del _TABLES[next(iter(_TABLES))]
+        tables = _TABLES[key] = group_tables(groups)
+    return tables
 
 
 def _table_sizes(segments: list[int]) -> list[int]:

@@ -3,7 +3,9 @@
 Triton's `JITFunction.run` binds and specializes every argument, looks the compiled kernel up, checks the globals
 it read and asks the driver for the current device and stream at every launch. `launch` does that once per
 specialization: the first launch of one goes through `kernel[grid](...)`, which compiles the kernel or finds it;
-the later ones call its compiled launcher, on the current device's current stream, as Triton's would. A
+the later ones call its compiled launcher, on the current device's current stream, as Triton's would, with each
+tensor passed as its address (an integer): Triton's launcher would call the tensor's `data_ptr` and ask the driver
+about that address (cuPointerGetAttribute) per tensor, per launch, where the specialization's key has read it. A
 specialization is keyed by more than Triton keys it by (per tensor its dtype and whether its address is a multiple
 of 16; per integer whether it is 1, whether a multiple of 16, and the width it is passed as, the width alone for
 one the kernel does not specialize; the current device; every constexpr and option), so a kernel compiled for one
@@ -31,7 +33,8 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
     """kernel[(programs,)](*args, **meta), its arguments tensors and integers; Triton's compiled kernel."""
     if not _CALLS:
         _setup()
-    key = _key(kernel, args, meta)
+    addresses: list = []
+    key = _key(kernel, args, meta, addresses)
     found = _FAST.get(key)
     knobs = _CALLS[2]
     if found is None or _hooked(knobs):
@@ -40,13 +43,14 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
             _remember(key, kernel, compiled, len(args), meta)
         return compiled
     run, function, packed, constants, compiled = found
-    run(programs, 1, 1, _CALLS[1](key[1]), function, packed, None, None, None, *args, *constants)
+    run(programs, 1, 1, _CALLS[1](key[1]), function, packed, None, None, None, *addresses, *constants)
     return compiled
 
 
-def _key(kernel, args: tuple, meta: dict) -> tuple:
-    """_FAST's key of a launch of these arguments on the current device (after `_setup`): the device is key[1]."""
-    return kernel, _CALLS[0](), _specialization(kernel, args), tuple(meta.items())
+def _key(kernel, args: tuple, meta: dict, addresses: list | None = None) -> tuple:
+    """_FAST's key of a launch of these arguments on the current device (after `_setup`): the device is key[1].
+    `addresses`, where given, gets the arguments as the launcher takes them: a tensor's address, an integer as is."""
+    return kernel, _CALLS[0](), _specialization(kernel, args, addresses), tuple(meta.items())
 
 
 def launcher(kernel, args: tuple, meta: dict) -> tuple | None:
@@ -108,21 +112,25 @@ def forget() -> None:
     _CALLS.clear()
 
 
-def _specialization(kernel, args: tuple) -> tuple:
+def _specialization(kernel, args: tuple, addresses: list | None = None) -> tuple:
     """What Triton could specialize the compiled kernel on, per argument (see the module's note): an integer of the
     kernel's do_not_specialize only by the width it is passed as (its value changes every launch: a digest's
-    counter)."""
+    counter). `addresses`, where given, gets each argument as the launcher takes it."""
     specialized = _SPECIALIZED.get(kernel)
     if specialized is None:
         params = getattr(kernel, "params", None) or []
         specialized = _SPECIALIZED[kernel] = tuple(not getattr(param, "do_not_specialize", False) for param in params)
     found: list[tuple] = []
+    passed = [] if addresses is None else addresses
     for i, arg in enumerate(args):
         if type(arg) is int:
             found.append((-2**31 <= arg < 2**31, arg < 2**63) if i < len(specialized) and not specialized[i] else
                          (arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31, arg < 2**63))
+            passed.append(arg)
         else:
-            found.append((arg.dtype, arg.data_ptr() % 16 == 0))
+            address = arg.data_ptr()
+            found.append((arg.dtype, address % 16 == 0))
+            passed.append(address)
     return tuple(found)
 
 
