@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -465,6 +466,7 @@ _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary m
 
 PINNED_BLOCKS = 4  # pinned blocks kept per device for fetch_digests' transfers
 _PINNED: dict = {}  # device -> its pinned blocks: [float64 host tensor, its transfer's event, whether in use]
+_PINNED_LOCK = threading.Lock()  # captures in two threads must not take the same block
 
 
 def _pinned_block(device, count: int) -> list:
@@ -473,19 +475,21 @@ def _pinned_block(device, count: int) -> list:
     count every step), without a pinned allocation and an event per step."""
     import torch
 
-    blocks = _PINNED.setdefault(device, [])
-    for block in blocks:
-        if not block[2] and block[0].numel() >= count:
-            block[2] = True
-            return block
-    # its waiter sleeps: a spin would burn a core for the whole step
-    block = [torch.empty(max(count, 4096), dtype=torch.float64, pin_memory=True), torch.cuda.Event(blocking=True), True]
-    free = [i for i, kept in enumerate(blocks) if not kept[2]]
-    if len(blocks) < PINNED_BLOCKS:
-        blocks.append(block)
-    elif free:  # one too small: the larger one kept instead
-        blocks[free[0]] = block
-    return block
+    with _PINNED_LOCK:
+        blocks = _PINNED.setdefault(device, [])
+        for block in blocks:
+            if not block[2] and block[0].numel() >= count:
+                block[2] = True
+                return block
+        # its waiter sleeps: a spin would burn a core for the whole step
+        block = [torch.empty(max(count, 4096), dtype=torch.float64, pin_memory=True), torch.cuda.Event(blocking=True),
+                 True]
+        free = [i for i, kept in enumerate(blocks) if not kept[2]]
+        if len(blocks) < PINNED_BLOCKS:
+            blocks.append(block)
+        elif free:  # one too small: the larger one kept instead
+            blocks[free[0]] = block
+        return block
 
 
 def dtype_name_of(tensor) -> str | None:
