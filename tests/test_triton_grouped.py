@@ -439,6 +439,59 @@ def test_tensors_at_hand_together_on_the_host_and_the_gpu_are_each_digested_wher
         _check(_expected(label, array, work.result()))
 
 
+@pytest.mark.gpu
+def test_arena_groups_of_the_same_sizes_launch_on_their_kept_table_and_digest_the_values_then(torch, monkeypatch):
+    """Two steps copying the same sizes in the same order into the arena: the second launches on the table the first
+    made (triton_digest._kept_tables: one kept), and its digests are numpy's of the values then (the kept table's
+    arrival counters were reset by the launch before)."""
+    from harness.frameworks import triton_digest
+    from harness.frameworks.torch import TorchAdapter, device_digest
+    from harness.store.fast_hash import fast64
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    monkeypatch.delenv("XFALIGN_DIGEST_GROUP_BYTES", raising=False)
+    monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    monkeypatch.setattr(triton_digest, "_TABLES", {})
+    tensors = [torch.randn(n, device="cuda") for n in (1000, 3, 70000)]
+    for _ in range(2):
+        triton_digest.forget_route()  # read at a step's first digest
+        pending = [device_digest(tensor) for tensor in tensors]
+        assert all(isinstance(work.values, triton_digest.GroupSlot) for work in pending)
+        for work, row in zip(pending, TorchAdapter().fetch_digests([work.values for work in pending])(), strict=True):
+            work.settle(row)
+        assert [work.result()["fast64"] for work in pending] == [fast64(tensor.cpu().numpy()) for tensor in tensors]
+        for tensor in tensors:
+            tensor.mul_(3.0)  # the next step's values
+    assert len(triton_digest._TABLES) == 1
+
+
+@pytest.mark.gpu
+def test_fetches_fill_a_pinned_block_again_once_read_never_one_still_unread(torch, monkeypatch):
+    """fetch_digests keeps its pinned blocks: a fetch not read yet keeps its block (the next fetch fills another, and
+    the first's rows, read after, are still its own), a fetch read hands its block on; rows() read twice gives the
+    same array."""
+    from harness.frameworks import torch as torch_adapter
+    from harness.frameworks.torch import TorchAdapter, device_digest
+    from harness.store.fast_hash import fast64
+
+    monkeypatch.setattr(torch_adapter, "_PINNED", {})
+    adapter = TorchAdapter()
+    tensors = [torch.randn(n, device="cuda") for n in (5000, 70000, 300)]
+    pending = [device_digest(tensor) for tensor in tensors]
+    first, second = (adapter.fetch_digests([work.values]) for work in pending[:2])  # the first not read yet
+    (blocks,) = torch_adapter._PINNED.values()
+    assert [block[2] for block in blocks] == [True, True] and blocks[0] is not blocks[1]
+    for work, rows in ((pending[1], second), (pending[0], first)):
+        work.settle(rows()[0])
+    assert first() is first()
+    assert [block[2] for block in blocks] == [False, False]
+    third = adapter.fetch_digests([pending[2].values])
+    assert len(blocks) == 2 and sum(block[2] for block in blocks) == 1
+    pending[2].settle(third()[0])
+    assert [work.result()["fast64"] for work in pending] == [fast64(tensor.cpu().numpy()) for tensor in tensors]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     _run()
