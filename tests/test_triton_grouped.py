@@ -10,7 +10,8 @@ with a fused (ungrouped) one among them, so the rows come back in the handles' o
 Like tests/test_triton_digest.py, the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1) in a
 subprocess (that file's triton_used, SITE, TRITON_NEEDED). On a GPU (`gpu` tests, skipped without one): the
 grouped path of harness.frameworks.torch `device_digest` against numpy and against the ungrouped kernel
-(XFALIGN_DIGEST_GROUP_BYTES=0), an in-place change right after the digest, a digest on a side stream.
+(XFALIGN_DIGEST_GROUP_BYTES=0), an in-place change right after the digest, a digest on a side stream, the arena
+groups' kept tables and the fetch's kept pinned blocks.
 Run as a script (what the subprocess does), this file prints one JSON line per tensor and setting.
 """
 
