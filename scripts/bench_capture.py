@@ -5,11 +5,17 @@ plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
                                      [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full] [--optimizer]
-                                     [--writer thread|process] [--runs 3]
+                                     [--writer thread|process] [--runs 3] [--baseline DIR]
 
 --runs N: N separate runs, one process each after the other (the host's speed varies between processes more than
 between rounds of one), each printed as it ends, then per variant the median of the runs' ratios and their range:
 the figures a row of the capture guide gives.
+
+--baseline DIR: each run also runs on the checkout at DIR (its scripts/bench_capture.py, its harness first on
+PYTHONPATH; e.g. `git worktree add DIR REV`), the two taking turns, then both summaries and per run this code's
+ratio over the baseline's: the host's speed drifts between calls by more than a change to the capture's host work
+saves, so two versions are compared in one call, run by run. DIR's script must know --figures (since 5da804f) and
+the other options given.
 
 --hash md5 fast measures both digest hashes side by side: "md5" (MD5 + XXH3 of a host copy of every tensor)
 and "fast" (fast64 and the stats computed where the tensor lives, harness.store.fast_hash: on a GPU one
@@ -220,14 +226,16 @@ def options() -> argparse.ArgumentParser:
                         help="the capture's writer (capture(writer=...)); a process is started once, in the warm-up")
     parser.add_argument("--runs", type=int, default=1, help="separate runs (a process each), then the median and range "
                                                             "of their ratios")
+    parser.add_argument("--baseline", type=Path, help="a checkout to run each run on too, taking turns; then per run "
+                                                      "this code's ratio over its ratio")
     parser.add_argument("--figures", type=Path, help=argparse.SUPPRESS)  # a run of --runs writes its figures here
     return parser
 
 
 def main() -> None:
     args = options().parse_args()
-    if args.runs > 1:
-        runs_apart(args.runs)
+    if args.figures is None and (args.runs > 1 or args.baseline is not None):
+        runs_apart(args.runs, args.baseline)
         return
     global WRITER
     WRITER = args.writer
@@ -283,23 +291,51 @@ def main() -> None:
 PARTS = ("whole round", "loop")
 
 
-def runs_apart(runs: int) -> None:
+def runs_apart(runs: int, baseline: Path | None = None) -> None:
     """Run this script `runs` times with the same options, one process after the other (their output as it comes),
-    then print `summary` of their figures."""
-    found = []
+    then print `summary` of their figures; with `baseline`, each run on that checkout too (`baseline_command`; the
+    baseline first in the first run, then the two taking turns), and then `paired_summary`."""
+    if baseline is not None and not (baseline / "scripts" / "bench_capture.py").is_file():
+        raise SystemExit(f"bench_capture: --baseline {baseline}: no scripts/bench_capture.py there (a checkout of xfalign, "
+                         "e.g. made by `git worktree add`)")
+    found: list[dict] = []
+    based: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(runs):
-            print(f"run {run + 1} of {runs}:", flush=True)
-            figures = Path(tmp) / f"run-{run}.json"
-            subprocess.run(run_command(sys.argv[1:], figures), check=True)
-            found.append(json.loads(figures.read_text()))
-    print(summary(found))
+            turns = [("this code", found)] if baseline is None else \
+                [("this code", found), ("the baseline", based)][::1 if run % 2 else -1]
+            for who, into in turns:
+                print(f"run {run + 1} of {runs}" + ("" if baseline is None else f", {who}") + ":", flush=True)
+                figures = Path(tmp) / f"run-{run}-{'new' if into is found else 'base'}.json"
+                if into is found:
+                    subprocess.run(run_command(sys.argv[1:], figures), check=True)
+                else:
+                    assert baseline is not None
+                    command, environment = baseline_command(sys.argv[1:], figures, baseline)
+                    subprocess.run(command, check=True, env=environment)
+                into.append(json.loads(figures.read_text()))
+    if baseline is None:
+        print(summary(found))
+        return
+    print(f"this code:\n{summary(found)}\nthe baseline ({baseline}):\n{summary(based)}\n{paired_summary(found, based)}")
 
 
 def run_command(argv: list[str], figures: Path) -> list[str]:
     """One run of `runs_apart`: these options, then --runs 1 (argparse keeps an option's last value, whichever
-    spelling came before: --runs=3, --run 3) and where to write its figures."""
+    spelling came before: --runs=3, --run 3) and where to write its figures (which makes it a single run)."""
     return [sys.executable, __file__, *argv, "--runs", "1", "--figures", str(figures)]
+
+
+def baseline_command(argv: list[str], figures: Path, baseline: Path) -> tuple[list[str], dict[str, str]]:
+    """One run of `runs_apart` on the checkout `baseline`: its script with these options but --baseline (which it may
+    not know; taken out by argparse's own matching, any spelling), and an environment whose PYTHONPATH starts there."""
+    picker = argparse.ArgumentParser(add_help=False)
+    picker.add_argument("--baseline")
+    rest = picker.parse_known_args(argv)[1]
+    script = baseline.resolve() / "scripts" / "bench_capture.py"
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(baseline.resolve()),
+                                                                             os.environ.get("PYTHONPATH")])))
+    return [sys.executable, str(script), *rest, "--runs", "1", "--figures", str(figures)], environment
 
 
 def summary(runs: list[dict[str, dict[str, list[float]]]]) -> str:
@@ -314,6 +350,21 @@ def summary(runs: list[dict[str, dict[str, list[float]]]]) -> str:
             figure = f"{min(ms):.1f}-{max(ms):.1f} ms" if label == "no capture" else \
                 f"x{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
             lines.append(f"    {label:<27} {figure}")
+    return "\n".join(lines)
+
+
+def paired_summary(runs: list[dict[str, dict[str, list[float]]]], baseline: list[dict[str, dict[str, list[float]]]]) -> str:
+    """Per part and capture variant, run by run (a run of this code and the baseline's run of the same turn): the
+    median and range of this code's ratio over the baseline's ratio (below 1: this code costs less)."""
+    lines = [f"this code against the baseline, run by run ({len(runs)} pairs): the median of this code's ratio over the "
+             "baseline's (their range)"]
+    for part in PARTS:
+        lines.append(f"  per step, {part}:")
+        for label in runs[0][part]:
+            if label == "no capture" or label not in baseline[0][part]:
+                continue
+            over = [run[part][label][1] / base[part][label][1] for run, base in zip(runs, baseline, strict=True)]
+            lines.append(f"    {label:<27} x{statistics.median(over):.3f} ({min(over):.3f}-{max(over):.3f})")
     return "\n".join(lines)
 
 
