@@ -283,8 +283,7 @@ def fused_device_digest(tensor) -> Any:
     if tensor.is_contiguous():  # a size launched before: its launcher called at once (`_ready`)
         index = tensor.get_device()
         ready = triton_launch.READY.get((_FUSED, index, tensor.dtype, tensor.numel(), _settings()))
-        address = tensor.data_ptr()
-        if ready is not None and not address % _ALIGN and triton_launch.direct_on(index):
+        if ready is not None and not (address := tensor.data_ptr()) % _ALIGN and triton_launch.direct_on(index):
             programs, size, weights, factors, counters, args, ring, run, function, packed, constants, _ = ready
             out = torch.empty(size, dtype=torch.float64, device=tensor.device)
             at = out.data_ptr()
