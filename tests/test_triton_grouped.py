@@ -482,13 +482,13 @@ def test_fetches_fill_a_pinned_block_again_once_read_never_one_still_unread(torc
     pending = [device_digest(tensor) for tensor in tensors]
     first, second = (adapter.fetch_digests([work.values]) for work in pending[:2])  # the first not read yet
     (blocks,) = torch_adapter._PINNED.values()
-    assert [block[2] for block in blocks] == [True, True] and blocks[0] is not blocks[1]
+    assert [block.taken for block in blocks] == [True, True] and blocks[0] is not blocks[1]
     for work, rows in ((pending[1], second), (pending[0], first)):
         work.settle(rows()[0])
     assert first() is first()
-    assert [block[2] for block in blocks] == [False, False]
+    assert [block.taken for block in blocks] == [False, False]
     third = adapter.fetch_digests([pending[2].values])
-    assert len(blocks) == 2 and sum(block[2] for block in blocks) == 1
+    assert len(blocks) == 2 and sum(block.taken for block in blocks) == 1
     pending[2].settle(third()[0])
     assert [work.result()["fast64"] for work in pending] == [fast64(tensor.cpu().numpy()) for tensor in tensors]
 

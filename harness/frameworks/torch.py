@@ -363,9 +363,9 @@ class TorchAdapter(FrameworkAdapter):
                 moves.append((indices, rows_at, stacked, None))
                 continue
             pinned = _pinned_block(device, stacked.numel())
-            host = pinned[0][:stacked.numel()].view(stacked.shape)
+            host = pinned.host[:stacked.numel()].view(stacked.shape)
             host.copy_(stacked, non_blocking=True)
-            pinned[1].record(torch.cuda.current_stream(device))
+            pinned.done.record(torch.cuda.current_stream(device))
             moves.append((indices, rows_at, host, pinned))
 
         read: list[np.ndarray] = []
@@ -376,10 +376,10 @@ class TorchAdapter(FrameworkAdapter):
             values = np.zeros((len(handles), len(SLOTS)))
             for indices, rows_at, host, pinned in moves:
                 if pinned is not None:
-                    pinned[1].synchronize()
+                    pinned.done.synchronize()
                 values[indices] = host.numpy()[rows_at]
                 if pinned is not None:
-                    pinned[2] = False  # read: the next fetch may fill it
+                    pinned.taken = False  # read: the next fetch may fill it
             read.append(values)
             return values
 
@@ -465,26 +465,36 @@ _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary m
 
 
 PINNED_BLOCKS = 4  # pinned blocks kept per device for fetch_digests' transfers
-_PINNED: dict = {}  # device -> its pinned blocks: [float64 host tensor, its transfer's event, whether in use]
+_PINNED: dict = {}  # device -> its _PinnedBlocks
 _PINNED_LOCK = threading.Lock()  # captures in two threads must not take the same block
 
 
-def _pinned_block(device, count: int) -> list:
-    """A pinned host block of at least `count` float64 for a fetch's transfer from `device`, and an event to record
-    after it, marked in use until its rows are read: one not in use is filled again (a training fetches about the same
-    count every step), without a pinned allocation and an event per step."""
-    import torch
+class _PinnedBlock:
+    """A fetch's pinned host memory (`host`, float64), the event recorded after its transfer (`done`), and whether a
+    fetch holds it until its rows are read (`taken`)."""
 
+    __slots__ = ("host", "done", "taken")
+
+    def __init__(self, count: int):
+        import torch
+
+        self.host = torch.empty(count, dtype=torch.float64, pin_memory=True)
+        self.done = torch.cuda.Event(blocking=True)  # its waiter sleeps: a spin would burn a core for the whole step
+        self.taken = True
+
+
+def _pinned_block(device, count: int) -> _PinnedBlock:
+    """A pinned host block of at least `count` float64 for a fetch's transfer from `device`, taken until its rows are
+    read: one not taken is filled again (a training fetches about the same count every step), without a pinned
+    allocation and an event per step."""
     with _PINNED_LOCK:
         blocks = _PINNED.setdefault(device, [])
         for block in blocks:
-            if not block[2] and block[0].numel() >= count:
-                block[2] = True
+            if not block.taken and block.host.numel() >= count:
+                block.taken = True
                 return block
-        # its waiter sleeps: a spin would burn a core for the whole step
-        block = [torch.empty(max(count, 4096), dtype=torch.float64, pin_memory=True), torch.cuda.Event(blocking=True),
-                 True]
-        free = [i for i, kept in enumerate(blocks) if not kept[2]]
+        block = _PinnedBlock(max(count, 4096))
+        free = [i for i, kept in enumerate(blocks) if not kept.taken]
         if len(blocks) < PINNED_BLOCKS:
             blocks.append(block)
         elif free:  # one too small: the larger one kept instead
