@@ -476,3 +476,88 @@ def test_two_ranks_write_one_tree_each(tmp_path):
         assert (info["rank"], info["world_size"]) == (rank, 2)
     inputs = [r.step(0).unstored["(root)#0:input.0"]["md5"] for r in tree.ranks.values()]
     assert inputs[0] != inputs[1]
+
+
+@pytest.mark.parametrize("defer", [0, 1, None])
+def test_hooks_fast_digests_deferred_or_not_are_numpys_and_taken_together(torch, tmp_path, monkeypatch, defer):
+    """The hooks' fast digests are left to one batch as the forward pass ends and one as the step ends (DEFER_BYTES;
+    1: a batch digested at every tensor; 0: each at its hook): every digest is numpy's of the full capture's bytes
+    either way, and deferred, no tensor is digested on its own."""
+    from harness.capture import api
+    from harness.frameworks.torch import TorchAdapter
+    from harness.store.fast_hash import fast64
+
+    if defer is not None:
+        monkeypatch.setattr(api, "DEFER_BYTES", defer)
+    lists: list[int] = []  # the lists digested together; the tensors digested alone, not as part of a list
+    alone: list[int] = []
+    together, one = TorchAdapter.device_digests, TorchAdapter.device_digest
+
+    def listed(self, tensors):
+        lists.append(len(tensors))
+        monkeypatch.setattr(TorchAdapter, "device_digest", one)  # a tensor the list's call takes one by one
+        try:
+            return together(self, tensors)
+        finally:
+            monkeypatch.setattr(TorchAdapter, "device_digest", single)
+
+    def single(self, tensor):
+        alone.append(1)
+        return one(self, tensor)
+
+    monkeypatch.setattr(TorchAdapter, "device_digests", listed)
+    monkeypatch.setattr(TorchAdapter, "device_digest", single)
+    rng = np.random.default_rng(3)
+    model = torch_model(torch, rng)
+    x = integers(rng, (5, 3))
+    for mode, hash_ in (("full", "md5"), ("digest", "fast")):
+        lists.clear(), alone.clear()
+        with capture(model, tmp_path / mode, mode=mode, hash=hash_) as cap:
+            for _ in range(2):
+                model(torch.from_numpy(x).requires_grad_()).sum().backward()
+                cap.step()
+                model.zero_grad()
+    for index in range(2):
+        full, fast = read_tree(tmp_path / "full").step(index), read_tree(tmp_path / "digest").step(index)
+        assert fast.order == full.order
+        assert {name: fast.unstored[name]["fast64"] for name in fast.order} == \
+            {name: fast64(np.asarray(full.tensors[name])) for name in full.order}
+    if defer is None:  # per step: the forward pass's tensors with the parameters, the backward pass's with the gradients
+        assert len(lists) == 4 and not alone
+    elif defer == 0:
+        assert len(lists) == 4 and alone
+
+
+def test_a_hooks_tensor_changed_in_place_after_it_is_noted_then_digested_at_its_hook(torch, tmp_path):
+    """A module's output changed in place by its caller after the hook (a deferred digest would read the later
+    value): the step records it as it is then and its notes name it; from the next step on it is digested at its
+    hook, as a full capture records it."""
+    from harness.store.fast_hash import fast64
+
+    class Parent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.child = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            y = self.child(x)
+            y.mul_(2)  # after the child's hook
+            return y
+
+    rng = np.random.default_rng(4)
+    model = Parent()
+    x = torch.from_numpy(integers(rng, (4, 3)))
+    for mode, hash_ in (("full", "md5"), ("digest", "fast")):
+        with capture(model, tmp_path / mode, mode=mode, hash=hash_) as cap:
+            for _ in range(2):
+                model(x).sum().backward()
+                cap.step()
+                model.zero_grad()
+    full, fast = read_tree(tmp_path / "full"), read_tree(tmp_path / "digest")
+    name = next(n for n in fast.step(0).order if n.startswith("child") and ":output." in n)
+    before = fast64(np.asarray(full.step(0).tensors[name]))
+    assert fast.step(0).unstored[name]["fast64"] == fast64(np.asarray(full.step(0).tensors[name]) * 2) != before
+    assert "changed in place after their hook" in fast.step(0).meta["notes"]["capture"]
+    assert name in fast.step(0).meta["notes"]["capture"]
+    assert fast.step(1).unstored[name]["fast64"] == fast64(np.asarray(full.step(1).tensors[name]))
+    assert "after their hook" not in (fast.step(1).meta.get("notes", {}).get("capture") or "")

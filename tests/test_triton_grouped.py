@@ -496,3 +496,33 @@ def test_fetches_fill_a_pinned_block_again_once_read_never_one_still_unread(torc
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     _run()
+
+
+@pytest.mark.gpu
+def test_a_list_groups_tensors_up_to_batch_bytes_read_in_place_and_each_digest_is_numpys(torch, monkeypatch):
+    """Tensors at hand together above the hooks' group_bytes() and up to triton_batch.BATCH_BYTES (read in place,
+    no arena) are digested by the list's grouped launch, each equal to numpy's; a larger one by its own launch."""
+    import numpy as np
+
+    from harness.frameworks import triton_batch, triton_digest
+    from harness.frameworks.torch import TorchAdapter
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    monkeypatch.delenv("XFALIGN_DIGEST_GROUP_BYTES", raising=False)
+    triton_digest.forget_route()
+    rng = np.random.default_rng(7)
+    sizes = [(triton_digest.GROUP_BYTES + 2, torch.bfloat16), (16 << 20, torch.bfloat16),
+             (triton_batch.BATCH_BYTES, torch.bfloat16), ((9 << 20) + 4, torch.float32),
+             (triton_batch.BATCH_BYTES + 4, torch.float32)]
+    tensors = [torch.from_numpy(rng.standard_normal(nbytes // torch.tensor([], dtype=dtype).element_size(),
+                                                    dtype=np.float32)).to("cuda", dtype) for nbytes, dtype in sizes]
+    adapter = TorchAdapter()
+    pending = adapter.device_digests(tensors)
+    grouped = [isinstance(work.values, triton_digest.GroupSlot) for work in pending]
+    assert grouped == [True, True, True, True, False]
+    for work, row in zip(pending, adapter.fetch_digests([p.values for p in pending])(), strict=True):
+        work.settle(row)
+    for (nbytes, dtype), tensor, work in zip(sizes, tensors, pending, strict=True):
+        _check(_expected(f"{dtype} of {nbytes} bytes", adapter.to_numpy(tensor), work.result()))

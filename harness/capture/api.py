@@ -33,6 +33,7 @@ training step.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import sys
@@ -245,14 +246,33 @@ def _writing(what: str, after: str = "") -> Iterator[None]:
 
 @dataclass
 class _Batch:
-    """Tensors at hand together (a step's parameters, gradients, optimizer states), digested at once by
-    `Capture._digest_batch` (FrameworkAdapter.device_digests: on a GPU one launch per dtype for the small ones):
-    their names and tensors."""
+    """Tensors digested together by `Capture._digest_batch` (FrameworkAdapter.device_digests: on a GPU one launch
+    per dtype for the small ones, on the CPU one compiled call): a step's parameters, gradients and optimizer
+    states, and the hooks' tensors deferred to the end of the forward pass or of the step (DEFER_BYTES).
+    Per tensor its name and its version when submitted; the names recorded again as one of them (a module's output
+    is its parent's), and the bytes held."""
 
     tensors: list[tuple[str, Any]] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)
+    aliases: list[tuple[str, str]] = field(default_factory=list)  # (name, the name of the tensor it is)
+    names: set[str] = field(default_factory=set)
+    nbytes: int = 0
 
 
 _BATCHED: tuple = (None, None)  # a step's result while its batch is being made: filled by `_digest_batch`
+
+# The hooks' fast digests (module inputs, outputs and their gradients) are left to a batch digested as the forward
+# pass ends (its outermost captured call returns) and as the step ends, instead of one launch (or compiled call) and
+# one handle each at the hook, unless the tensors held for it reach this many bytes first: a short step's host
+# time per tensor is what its overhead is. A tensor whose version (torch's `_version`, Paddle's `inplace_version`)
+# changed in between is recorded as it is then, the step's notes say so, and that name is digested at its hook
+# from the next step on. A write its framework does not count (a kernel through a raw pointer) is not seen:
+# XFALIGN_DEFER_BYTES=0 digests every tensor at its hook. Adapters without a version counter never defer.
+DEFER_BYTES = int(os.environ.get("XFALIGN_DEFER_BYTES", 256 << 20))
+
+
+def _nbytes(tensor: Any) -> int:
+    return math.prod(tensor.shape) * tensor.element_size()
 
 
 def _module_name(path: str) -> str:
@@ -286,6 +306,8 @@ class _Step:
     # per module: (path, its params record's names, its (name, parameter, version as the step began)), not yet recorded
     params_due: list[tuple[str, list[str], list[tuple[str, Any, int | None]]]] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # parameters changed in place before `_record_params`
+    deferred: _Batch = field(default_factory=_Batch)  # the hooks' tensors waiting for `_digest_batch`
+    changed_later: list[str] = field(default_factory=list)  # deferred tensors changed in place after their hook
     depth: int = 0  # captured modules' calls under way
     grads_recorded: bool = False  # the parameters' gradients recorded (by step(), or by the optimizer's step)
     loss: list[str] = field(default_factory=list)  # the (train) loss record's tensors: placed before the backward
@@ -349,6 +371,7 @@ class Capture:
         self._tree: TreeWriter | None = None  # writes the folder while the capture is entered
         self._switched = False  # the switch interval lowered (a GPU model) until the capture ends
         self._warned_skipped = False  # tensors left out are warned about once per capture (each step's meta lists them)
+        self._eager: set[str] = set()  # hooks' tensors changed after their hook once: digested at the hook (DEFER_BYTES)
 
     # -- setup ------------------------------------------------------------------------------------------
 
@@ -541,15 +564,21 @@ class Capture:
         full, version = self.full[path], self.adapter.tensor_version(tensor)
         # fresh: changed by an optimizer kernel, which need not count as an in-place change (Paddle's do not)
         seen = None if fresh else step.seen.get(id(tensor))
-        # recorded already (a module's output is its parent's); one waiting in a batch is digested again
-        if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full) and step.results[seen[3]] is not _BATCHED:
-            step.results[name] = step.results[seen[3]]
-            if seen[3] in step.held:
-                step.held[name] = step.held[seen[3]]
-            return name
+        # recorded already (a module's output is its parent's); one waiting in another batch is digested again
+        if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full):
+            first = seen[3]
+            if step.results[first] is not _BATCHED or (batch is not None and first in batch.names):
+                step.results[name] = step.results[first]
+                if step.results[name] is _BATCHED:
+                    batch.aliases.append((name, first))  # type: ignore[union-attr]
+                if first in step.held:
+                    step.held[name] = step.held[first]
+                return name
         fast = self.hash == "fast" and not full
         if fast and batch is not None:
             batch.tensors.append((name, tensor))
+            batch.versions.append(version)
+            batch.names.add(name)
             step.results[name] = _BATCHED
             if self.live is not None:
                 step.held[name] = self.adapter.host_copy(tensor)
@@ -575,10 +604,18 @@ class Capture:
                 pass
         return name
 
-    def _digest_batch(self, step: _Step, batch: _Batch) -> None:
-        """Start the fast digests `_submit` left to `batch`, together."""
+    def _digest_batch(self, step: _Step, batch: _Batch | None = None) -> None:
+        """Start the fast digests `_submit` left to `batch` (by default the step's deferred ones), together."""
+        if batch is None:
+            batch, step.deferred = step.deferred, _Batch()
         if not batch.tensors:
             return
+        version = self.adapter.tensor_version
+        changed = [name for (name, tensor), began in zip(batch.tensors, batch.versions, strict=True)
+                   if version(tensor) != began]
+        if changed:  # in place after their hook: recorded as they are now (the step's notes), at the hook from now on
+            step.changed_later += changed
+            self._eager.update(changed)
         started = self.adapter.device_digests([tensor for _, tensor in batch.tensors])
         for (name, tensor), pending in zip(batch.tensors, started, strict=True):
             if pending is None:  # the adapter has no device digest: a host copy, hashed on the pool
@@ -586,6 +623,26 @@ class Capture:
                 step.results[name] = (None, self._pool.submit(fast_entry, self.adapter.host_copy(tensor)))
             else:
                 step.results[name] = (None, pending)
+        for name, first in batch.aliases:
+            step.results[name] = step.results[first]
+            if first in changed:
+                step.changed_later.append(name)
+
+    def _hook_submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
+        """`_submit` of a hook's tensor: left to the step's deferred batch where DEFER_BYTES allows (which is
+        digested once it holds DEFER_BYTES)."""
+        if not DEFER_BYTES or name in self._eager or self.hash != "fast" or self.full[path] or \
+                self.adapter.tensor_version(tensor) is None:
+            return self._submit(step, name, tensor, path)
+        deferred = step.deferred
+        held = len(deferred.tensors)
+        submitted = self._submit(step, name, tensor, path, batch=deferred)
+        if len(deferred.tensors) > held:
+            deferred.nbytes += _nbytes(tensor)
+            if deferred.nbytes >= DEFER_BYTES:
+                with self._lock:
+                    self._digest_batch(step)
+        return submitted
 
     def _start(self, step: _Step) -> None:
         """The step's first hook: every selected module's parameters, the step's first records. They are recorded
@@ -605,16 +662,15 @@ class Capture:
         if not step.params_due:
             return
         due, step.params_due = step.params_due, []
-        batch = _Batch()
         version = self.adapter.tensor_version
         for path, names, params in due:
             module = _module_name(path)
             for name, param, began in params:
-                if submitted := self._submit(step, param_tensor(module, "param", name), param, path, batch=batch):
+                if submitted := self._submit(step, param_tensor(module, "param", name), param, path, batch=step.deferred):
                     names.append(submitted)
                     if version(param) != began:
                         step.changed.append(submitted)
-        self._digest_batch(step, batch)
+        self._digest_batch(step)
 
     def _before(self, path: str, args: tuple, kwargs: dict) -> None:
         step = self._step
@@ -630,7 +686,7 @@ class Capture:
             self._leaves(value, str(key), leaves, None)
         module = _module_name(path)
         names = [name for slot, tensor in leaves
-                 if (name := self._submit(step, call_tensor(module, call, "input", slot), tensor, path)) is not None]
+                 if (name := self._hook_submit(step, call_tensor(module, call, "input", slot), tensor, path)) is not None]
         step.open_calls.setdefault(path, []).append((call, names))
 
     def _after(self, path: str, output: Any) -> None:
@@ -638,14 +694,11 @@ class Capture:
         if not step.open_calls.get(path):
             return  # the call began before the capture did
         call, names = step.open_calls[path].pop()
-        if step.params_due and step.depth == 1:  # the forward pass has ended (the outermost captured call)
-            with self._lock:
-                self._record_params(step)
         leaves: list[tuple[str, Any]] = []
         self._leaves(output, "", leaves, [0])
         module = _module_name(path)
         for slot, tensor in leaves:
-            name = self._submit(step, call_tensor(module, call, "output", slot), tensor, path)
+            name = self._hook_submit(step, call_tensor(module, call, "output", slot), tensor, path)
             if name is None:
                 continue  # not recorded: neither is its gradient (of the same dtype and layout)
             names.append(name)
@@ -654,6 +707,9 @@ class Capture:
         with self._lock:
             step.records.append((module, call, "forward", names))
             step.depth -= 1
+            if not step.depth:  # the forward pass has ended (the outermost captured call): its digests together
+                self._record_params(step)
+                self._digest_batch(step)
 
     def _grad_hook(self, step: _Step, path: str, call: int, slot: str):
         name = call_tensor(_module_name(path), call, "grad_output", slot)
@@ -665,7 +721,7 @@ class Capture:
         if step.params_due:  # the backward pass has begun before the forward pass ended
             with self._lock:
                 self._record_params(step)
-        if self._submit(step, name, grad, key[0]) is None:
+        if self._hook_submit(step, name, grad, key[0]) is None:
             return
         with self._lock:
             if key not in step.backward:
@@ -723,15 +779,14 @@ class Capture:
         if step.grads_recorded:
             return
         step.grads_recorded = True
-        batch = _Batch()
         for path, params in self.params.items():
             grads = [(name, self.adapter.parameter_grad(param)) for name, param in params]
             names = [submitted for name, grad in grads if grad is not None and
                      (submitted := self._submit(step, param_tensor(_module_name(path), "grad", name), grad, path,
-                                                batch=batch))]
+                                                batch=step.deferred))]
             if names:
                 step.records.append((_module_name(path), None, "grads", names))
-        self._digest_batch(step, batch)
+        self._digest_batch(step)  # with the backward pass's deferred ones
 
     def _record_scalar(self, step: _Step, name: str, value: Any) -> bool:
         """A (train) scalar: a 0-d tensor as it is, a number as float64; False (and a note) for anything else."""
@@ -815,6 +870,8 @@ class Capture:
             step.records.insert(at, (TRAIN, None, "loss", step.loss))
         for remove in step.grad_hooks:
             remove()
+        with self._lock:
+            self._digest_batch(step)  # any deferred ones left (a step without parameters)
         pending = list({id(work): work for _, work in step.results.values()
                         if isinstance(work, PendingDigest) and not work.fetched}.values())
         rows = self.adapter.fetch_digests([p.values for p in pending]) if pending else None
@@ -889,6 +946,9 @@ class Capture:
         if step.changed:
             notes.append(f"parameters changed in place since the step began, recorded as the forward pass ended: "
                          f"{', '.join(step.changed)}")
+        if step.changed_later:
+            notes.append(f"changed in place after their hook, recorded as the forward pass or the step ended (from the "
+                         f"next step on at their hooks): {', '.join(step.changed_later)}")
         note = "; ".join(notes) or None
         return StepPayload(index=index, records=step.records, order=order, tensors=tensors, stats=stats,
                            unstored=unstored, norms=step.norms, note=note,
