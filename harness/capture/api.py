@@ -557,14 +557,11 @@ class Capture:
         """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
         (and a note in the step's meta) for a dtype or layout no dump holds. With `batch`, a fast digest is left
         to `_digest_batch`, which the caller calls before anything else runs."""
-        unsupported = _unsupported(self.adapter, tensor)
-        if unsupported is not None:
-            step.skipped.append(f"{name} ({unsupported})")
-            return None
         full, version = self.full[path], self.adapter.tensor_version(tensor)
         # fresh: changed by an optimizer kernel, which need not count as an in-place change (Paddle's do not)
         seen = None if fresh else step.seen.get(id(tensor))
-        # recorded already (a module's output is its parent's); one waiting in another batch is digested again
+        # recorded already (a module's output is its parent's: most of a step's tensors, checked first); one waiting
+        # in another batch is digested again
         if seen is not None and seen[0]() is tensor and seen[1:3] == (version, full):
             first = seen[3]
             if step.results[first] is not _BATCHED or (batch is not None and first in batch.names):
@@ -574,6 +571,10 @@ class Capture:
                 if first in step.held:
                     step.held[name] = step.held[first]
                 return name
+        unsupported = _unsupported(self.adapter, tensor)
+        if unsupported is not None:
+            step.skipped.append(f"{name} ({unsupported})")
+            return None
         fast = self.hash == "fast" and not full
         if fast and batch is not None:
             batch.tensors.append((name, tensor))
