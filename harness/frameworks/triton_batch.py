@@ -14,6 +14,7 @@ addresses come again (the kernel resets each segment's arrival counter once done
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from harness.frameworks import triton_digest
@@ -25,6 +26,17 @@ from harness.frameworks.triton_digest import _ALIGN, Group, GroupSlot
 # tensors batched: 3.1-3.3 ms against 3.4-3.9 ms with the 4 MiB of group_bytes(); the TransformerLayer's the same
 # 27.0-27.1 ms; 3 and 2 runs, 2026-12-04). Larger ones read faster by the fused kernel (below).
 BATCH_BYTES = 32 << 20
+
+
+def batch_bytes() -> int:
+    """XFALIGN_DIGEST_BATCH_BYTES, else BATCH_BYTES: the largest tensor a list's grouped launch reads."""
+    text = os.environ.get("XFALIGN_DIGEST_BATCH_BYTES")
+    if not text:
+        return BATCH_BYTES
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"XFALIGN_DIGEST_BATCH_BYTES={text!r}: not a whole number of bytes") from None
 PLANS = 16  # plans kept (a capture hands over a few lists per step: parameters, gradients, states)
 TABLES = 4  # tables kept per plan and device, for the addresses they were made for
 _PLANS: dict[tuple, Plan] = {}  # (tensors, the first one's key) -> its plan, oldest first
@@ -124,20 +136,20 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
     COUNTS["lists"] += 1
     key = [(tensor.dtype, tensor.shape, tensor.is_contiguous()) for tensor in tensors]
     # what a plan's tables depend on besides its tensors: the largest grouped tensor, a program's tiles
-    grouped = triton_digest.route()[1] and max(triton_digest.route()[1], BATCH_BYTES)
+    grouped = triton_digest.route()[1] and max(triton_digest.route()[1], batch_bytes())
     settings = (grouped, triton_digest.ITEM_TILES, triton_digest.WARPS)
-    name = (len(key), key[0])
-    plan = _PLANS.get(name)
+    # the whole key: a step hands over several lists (the forward pass's, the backward pass's, the optimizer's)
+    name = tuple(key)
+    plan = _PLANS.pop(name, None)  # put back last: the least recently used goes first
     found = plan.launch(tensors) if plan is not None and plan.matches(key, settings) else None
     if found is None:
         plan = _plan(tensors, key, settings)
         COUNTS["plans"] += 1
-        _PLANS.pop(name, None)
         while len(_PLANS) >= PLANS:
             del _PLANS[next(iter(_PLANS))]
-        _PLANS[name] = plan
         found = plan.launch(tensors)
         assert found is not None  # its tensors read in place start on 16-byte boundaries
+    _PLANS[name] = plan
     return found, plan
 
 
