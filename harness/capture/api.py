@@ -630,16 +630,19 @@ class Capture:
                 step.changed_later.append(name)
 
     def _hook_submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
-        """`_submit` of a hook's tensor: left to the step's deferred batch where DEFER_BYTES allows (which is
-        digested once it holds DEFER_BYTES)."""
+        """`_submit` of a hook's tensor: left to the step's deferred batch where DEFER_BYTES allows and the adapter
+        batches it (FrameworkAdapter.batches), digested once it holds DEFER_BYTES."""
         if not DEFER_BYTES or name in self._eager or self.hash != "fast" or self.full[path] or \
                 self.adapter.tensor_version(tensor) is None:
+            return self._submit(step, name, tensor, path)
+        nbytes = _nbytes(tensor)
+        if not self.adapter.batches(tensor, nbytes):
             return self._submit(step, name, tensor, path)
         deferred = step.deferred
         held = len(deferred.tensors)
         submitted = self._submit(step, name, tensor, path, batch=deferred)
         if len(deferred.tensors) > held:
-            deferred.nbytes += _nbytes(tensor)
+            deferred.nbytes += nbytes
             if deferred.nbytes >= DEFER_BYTES:
                 with self._lock:
                     self._digest_batch(step)

@@ -237,6 +237,11 @@ class FrameworkAdapter(ABC):
         return [digest if (digest := found.get(i)) is not None else self.device_digest(tensor)
                 for i, tensor in enumerate(tensors)]
 
+    def batches(self, tensor: Any, nbytes: int) -> bool:
+        """Whether `device_digests` takes the tensor (of nbytes) with others for less than one `device_digest` costs:
+        a capture defers a hook's tensor to a batch only then (harness.capture.api, DEFER_BYTES)."""
+        return True
+
     def host_layout(self, tensor: Any) -> tuple[int, str, tuple[int, ...]] | None:
         """(address, dtype name, shape) of a float32 or float64 tensor that is contiguous, not empty and in the
         host's memory, which `device_digests` may read in place; None for any other (the default)."""
