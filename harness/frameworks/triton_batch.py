@@ -140,9 +140,11 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
     settings = (grouped, triton_digest.ITEM_TILES, triton_digest.WARPS)
     # the whole key: a step hands over several lists (the forward pass's, the backward pass's, the optimizer's)
     name = tuple(key)
-    plan = _PLANS.pop(name, None)  # put back last: the least recently used goes first
-    found = plan.launch(tensors) if plan is not None and plan.matches(key, settings) else None
-    if found is None:
+    kept = _PLANS.pop(name, None)  # put back last: the least recently used goes first
+    found = kept.launch(tensors) if kept is not None and kept.matches(key, settings) else None
+    if kept is not None and found is not None:
+        plan = kept
+    else:
         plan = _plan(tensors, key, settings)
         COUNTS["plans"] += 1
         while len(_PLANS) >= PLANS:
