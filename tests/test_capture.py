@@ -480,9 +480,9 @@ def test_two_ranks_write_one_tree_each(tmp_path):
 
 @pytest.mark.parametrize("defer", [0, 1, None])
 def test_hooks_fast_digests_deferred_or_not_are_numpys_and_taken_together(torch, tmp_path, monkeypatch, defer):
-    """The hooks' fast digests are left to one batch as the forward pass ends and one as the step ends (DEFER_BYTES;
-    1: a batch digested at every tensor; 0: each at its hook): every digest is numpy's of the full capture's bytes
-    either way, and deferred, no tensor is digested on its own."""
+    """From the second step on, the hooks' fast digests are left to one batch as the forward pass ends and one as
+    the step ends (DEFER_BYTES; 1: a batch digested at every tensor; 0: each at its hook): every digest is numpy's
+    of the full capture's bytes either way, and deferred, no tensor is digested on its own."""
     from harness.capture import api
     from harness.frameworks.torch import TorchAdapter
     from harness.store.fast_hash import fast64
@@ -511,9 +511,9 @@ def test_hooks_fast_digests_deferred_or_not_are_numpys_and_taken_together(torch,
     model = torch_model(torch, rng)
     x = integers(rng, (5, 3))
     for mode, hash_ in (("full", "md5"), ("digest", "fast")):
-        lists.clear(), alone.clear()
         with capture(model, tmp_path / mode, mode=mode, hash=hash_) as cap:
             for _ in range(2):
+                lists.clear(), alone.clear()  # the second step's are checked (the first digests at the hooks)
                 model(torch.from_numpy(x).requires_grad_()).sum().backward()
                 cap.step()
                 model.zero_grad()
@@ -522,42 +522,61 @@ def test_hooks_fast_digests_deferred_or_not_are_numpys_and_taken_together(torch,
         assert fast.order == full.order
         assert {name: fast.unstored[name]["fast64"] for name in fast.order} == \
             {name: fast64(np.asarray(full.tensors[name])) for name in full.order}
-    if defer is None:  # per step: the forward pass's tensors with the parameters, the backward pass's with the gradients
-        assert len(lists) == 4 and not alone
+    if defer is None:  # the forward pass's tensors with the parameters, the backward pass's with the gradients
+        assert len(lists) == 2 and not alone
     elif defer == 0:
-        assert len(lists) == 4 and alone
+        assert len(lists) == 2 and alone
 
 
-def test_a_hooks_tensor_changed_in_place_after_it_is_noted_then_digested_at_its_hook(torch, tmp_path):
-    """A module's output changed in place by its caller after the hook (a deferred digest would read the later
-    value): the step records it as it is then and its notes name it; from the next step on it is digested at its
-    hook, as a full capture records it."""
+def test_hooks_tensors_changed_in_place_after_their_hook_are_digested_at_it(torch, tmp_path):
+    """A module's output changed in place by its caller after the hook (megatron-core's cross entropy does so to
+    the logits), which a deferred digest would read changed: the first step digests every hook's tensor at its hook
+    and learns which change, digested at their hooks from then on. One that first changes in a later step is
+    recorded as it is when its batch is digested, the step's notes name it, and it is digested at its hook after."""
     from harness.store.fast_hash import fast64
 
     class Parent(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.child = torch.nn.Linear(3, 3)
+            self.first = torch.nn.Linear(3, 3)
+            self.later = torch.nn.Linear(3, 3)
+            self.calls = 0
 
         def forward(self, x):
-            y = self.child(x)
-            y.mul_(2)  # after the child's hook
-            return y
+            y = self.first(x)
+            y.mul_(2)  # every step, after the hook
+            z = self.later(y)
+            if self.calls:  # from the second step on
+                z.mul_(3)
+            self.calls += 1
+            return z
 
     rng = np.random.default_rng(4)
-    model = Parent()
     x = torch.from_numpy(integers(rng, (4, 3)))
+    torch.manual_seed(0)
+    model = Parent()
     for mode, hash_ in (("full", "md5"), ("digest", "fast")):
+        model.calls = 0
         with capture(model, tmp_path / mode, mode=mode, hash=hash_) as cap:
-            for _ in range(2):
+            for _ in range(3):
                 model(x).sum().backward()
                 cap.step()
                 model.zero_grad()
     full, fast = read_tree(tmp_path / "full"), read_tree(tmp_path / "digest")
-    name = next(n for n in fast.step(0).order if n.startswith("child") and ":output." in n)
-    before = fast64(np.asarray(full.step(0).tensors[name]))
-    assert fast.step(0).unstored[name]["fast64"] == fast64(np.asarray(full.step(0).tensors[name]) * 2) != before
-    assert "changed in place after their hook" in fast.step(0).meta["notes"]["capture"]
-    assert name in fast.step(0).meta["notes"]["capture"]
-    assert fast.step(1).unstored[name]["fast64"] == fast64(np.asarray(full.step(1).tensors[name]))
-    assert "after their hook" not in (fast.step(1).meta.get("notes", {}).get("capture") or "")
+
+    def digests(index: int, module: str) -> tuple[str, int, int]:
+        name = next(n for n in fast.step(index).order if n.startswith(module + "#") and ":output." in n)
+        return name, fast.step(index).unstored[name]["fast64"], fast64(np.asarray(full.step(index).tensors[name]))
+
+    def notes(index: int) -> str:
+        return fast.step(index).meta.get("notes", {}).get("capture") or ""
+
+    for index in range(3):  # changed every step: as the hook saw it, from the first step on
+        name, got, expected = digests(index, "first")
+        assert got == expected and name not in notes(index)
+    name, got, expected = digests(1, "later")  # changed from the second step on: then read changed, and noted
+    assert got == fast64(np.asarray(full.step(1).tensors[name]) * 3) != expected
+    assert "changed in place after their hook" in notes(1) and name in notes(1)
+    name, got, expected = digests(2, "later")
+    assert got == expected and "after their hook" not in notes(2)
+    assert digests(0, "later")[1] == digests(0, "later")[2]

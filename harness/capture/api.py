@@ -264,9 +264,10 @@ _BATCHED: tuple = (None, None)  # a step's result while its batch is being made:
 # The hooks' fast digests (module inputs, outputs and their gradients) are left to a batch digested as the forward
 # pass ends (its outermost captured call returns) and as the step ends, instead of one launch (or compiled call) and
 # one handle each at the hook, unless the tensors held for it reach this many bytes first: a short step's host
-# time per tensor is what its overhead is. A tensor whose version (torch's `_version`, Paddle's `inplace_version`)
-# changed in between is recorded as it is then, the step's notes say so, and that name is digested at its hook
-# from the next step on. A write its framework does not count (a kernel through a raw pointer) is not seen:
+# time per tensor is what its overhead is. The first step digests them at their hooks and learns which ones change
+# in place before the batch would be digested (their version: torch's `_version`, Paddle's `inplace_version`;
+# megatron-core's cross entropy changes the logits in place): those are digested at their hooks in every step. A
+# tensor that changes so only in a later step is recorded as it is then, and the step's notes say so. A write its framework does not count (a kernel through a raw pointer) is not seen:
 # XFALIGN_DEFER_BYTES=0 digests every tensor at its hook. Adapters without a version counter never defer.
 DEFER_BYTES = int(os.environ.get("XFALIGN_DEFER_BYTES", 256 << 20))
 
@@ -308,6 +309,8 @@ class _Step:
     changed: list[str] = field(default_factory=list)  # parameters changed in place before `_record_params`
     deferred: _Batch = field(default_factory=_Batch)  # the hooks' tensors waiting for `_digest_batch`
     changed_later: list[str] = field(default_factory=list)  # deferred tensors changed in place after their hook
+    # the first step's hook tensors, digested at their hooks: (name, tensor, version), checked where a batch would be
+    watched: list[tuple[str, Any, int | None]] = field(default_factory=list)
     depth: int = 0  # captured modules' calls under way
     grads_recorded: bool = False  # the parameters' gradients recorded (by step(), or by the optimizer's step)
     loss: list[str] = field(default_factory=list)  # the (train) loss record's tensors: placed before the backward
@@ -607,11 +610,13 @@ class Capture:
 
     def _digest_batch(self, step: _Step, batch: _Batch | None = None) -> None:
         """Start the fast digests `_submit` left to `batch` (by default the step's deferred ones), together."""
+        version = self.adapter.tensor_version
         if batch is None:
             batch, step.deferred = step.deferred, _Batch()
+            watched, step.watched = step.watched, []
+            self._eager.update(name for name, tensor, began in watched if version(tensor) != began)
         if not batch.tensors:
             return
-        version = self.adapter.tensor_version
         changed = [name for (name, tensor), began in zip(batch.tensors, batch.versions, strict=True)
                    if version(tensor) != began]
         if changed:  # in place after their hook: recorded as they are now (the step's notes), at the hook from now on
@@ -634,6 +639,9 @@ class Capture:
         batches it (FrameworkAdapter.batches), digested once it holds DEFER_BYTES."""
         if not DEFER_BYTES or name in self._eager or self.hash != "fast" or self.full[path] or \
                 self.adapter.tensor_version(tensor) is None:
+            return self._submit(step, name, tensor, path)
+        if not self._steps:  # the first step: at the hook, its version watched (see DEFER_BYTES)
+            step.watched.append((name, tensor, self.adapter.tensor_version(tensor)))
             return self._submit(step, name, tensor, path)
         nbytes = _nbytes(tensor)
         if not self.adapter.batches(tensor, nbytes):
