@@ -267,8 +267,9 @@ _BATCHED: tuple = (None, None)  # a step's result while its batch is being made:
 # time per tensor is what its overhead is. The first step digests them at their hooks and learns which ones change
 # in place before the batch would be digested (their version: torch's `_version`, Paddle's `inplace_version`;
 # megatron-core's cross entropy changes the logits in place): those are digested at their hooks in every step. A
-# tensor that changes so only in a later step is recorded as it is then, and the step's notes say so. A write its framework does not count (a kernel through a raw pointer) is not seen:
-# XFALIGN_DEFER_BYTES=0 digests every tensor at its hook. Adapters without a version counter never defer.
+# tensor that changes so only in a later step is recorded as it is then, and the step's notes say so. A write its
+# framework does not count (a kernel through a raw pointer) is not seen: XFALIGN_DEFER_BYTES=0 digests every tensor
+# at its hook. Adapters without a version counter never defer.
 DEFER_BYTES = int(os.environ.get("XFALIGN_DEFER_BYTES", 256 << 20))
 
 
