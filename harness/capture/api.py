@@ -641,15 +641,17 @@ class Capture:
         if not DEFER_BYTES or name in self._eager or self.hash != "fast" or self.full[path] or \
                 self.adapter.tensor_version(tensor) is None:
             return self._submit(step, name, tensor, path)
-        if not self._steps:  # the first step: at the hook, its version watched (see DEFER_BYTES)
-            step.watched.append((name, tensor, self.adapter.tensor_version(tensor)))
-            return self._submit(step, name, tensor, path)
         nbytes = _nbytes(tensor)
         if not self.adapter.batches(tensor, nbytes):
             return self._submit(step, name, tensor, path)
         deferred = step.deferred
-        held = len(deferred.tensors)
-        submitted = self._submit(step, name, tensor, path, batch=deferred)
+        if not self._steps:  # the first step: at the hook, its version watched (see DEFER_BYTES), held as deferred
+            step.watched.append((name, tensor, self.adapter.tensor_version(tensor)))
+            submitted = self._submit(step, name, tensor, path)
+            held = -1
+        else:
+            held = len(deferred.tensors)
+            submitted = self._submit(step, name, tensor, path, batch=deferred)
         if len(deferred.tensors) > held:
             deferred.nbytes += nbytes
             if deferred.nbytes >= DEFER_BYTES:
