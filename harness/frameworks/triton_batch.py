@@ -1,6 +1,7 @@
 """Digests of tensors at hand together (a step's parameters as its forward pass ends, with the hooks' tensors
-deferred to then; their gradients at its end, with the backward pass's; the optimizer's states): the small ones of one device, stream and dtype read where they are by one launch of
-`grouped_digest` over their addresses (triton_digest.Group.in_place), no copy into an arena, no launch each.
+deferred to then; their gradients at its end, with the backward pass's; the optimizer's states): the small ones of
+one device, stream and dtype read where they are by one launch of `grouped_digest` over their addresses
+(triton_digest.Group.in_place), no copy into an arena, no launch each.
 
 A training step hands over lists of the same make every step (parameters, gradients, optimizer states: the same
 dtypes and shapes; the same tensors, or new ones such as gradients made by each backward pass). So what a list
