@@ -500,11 +500,11 @@ if __name__ == "__main__":
 
 @pytest.mark.gpu
 def test_a_list_groups_tensors_up_to_batch_bytes_read_in_place_and_each_digest_is_numpys(torch, monkeypatch):
-    """Tensors at hand together above the hooks' group_bytes() and up to triton_batch.BATCH_BYTES (read in place,
+    """Tensors at hand together above the hooks' group_bytes() and up to triton_digest.BATCH_BYTES (read in place,
     no arena) are digested by the list's grouped launch, each equal to numpy's; a larger one by its own launch."""
     import numpy as np
 
-    from harness.frameworks import triton_batch, triton_digest
+    from harness.frameworks import triton_digest
     from harness.frameworks.torch import TorchAdapter
 
     if not triton_digest.importable():
@@ -514,8 +514,8 @@ def test_a_list_groups_tensors_up_to_batch_bytes_read_in_place_and_each_digest_i
     triton_digest.forget_route()
     rng = np.random.default_rng(7)
     sizes = [(triton_digest.GROUP_BYTES + 2, torch.bfloat16), (16 << 20, torch.bfloat16),
-             (triton_batch.BATCH_BYTES, torch.bfloat16), ((9 << 20) + 4, torch.float32),
-             (triton_batch.BATCH_BYTES + 4, torch.float32)]
+             (triton_digest.BATCH_BYTES, torch.bfloat16), ((9 << 20) + 4, torch.float32),
+             (triton_digest.BATCH_BYTES + 4, torch.float32)]
     tensors = [torch.from_numpy(rng.standard_normal(nbytes // torch.tensor([], dtype=dtype).element_size(),
                                                     dtype=np.float32)).to("cuda", dtype) for nbytes, dtype in sizes]
     adapter = TorchAdapter()

@@ -638,15 +638,15 @@ class Capture:
     def _hook_submit(self, step: _Step, name: str, tensor: Any, path: str) -> str | None:
         """`_submit` of a hook's tensor: left to the step's deferred batch where DEFER_BYTES allows and the adapter
         batches it (FrameworkAdapter.batches), digested once it holds DEFER_BYTES."""
-        if not DEFER_BYTES or name in self._eager or self.hash != "fast" or self.full[path] or \
-                self.adapter.tensor_version(tensor) is None:
+        version = self.adapter.tensor_version(tensor)
+        if not DEFER_BYTES or name in self._eager or self.hash != "fast" or self.full[path] or version is None:
             return self._submit(step, name, tensor, path)
         nbytes = _nbytes(tensor)
         if not self.adapter.batches(tensor, nbytes):
             return self._submit(step, name, tensor, path)
         deferred = step.deferred
         if not self._steps:  # the first step: at the hook, its version watched (see DEFER_BYTES), held as deferred
-            step.watched.append((name, tensor, self.adapter.tensor_version(tensor)))
+            step.watched.append((name, tensor, version))
             submitted = self._submit(step, name, tensor, path)
             held = -1
         else:

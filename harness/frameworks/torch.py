@@ -319,7 +319,7 @@ class TorchAdapter(FrameworkAdapter):
     def batches(self, tensor, nbytes: int) -> bool:
         # a CUDA tensor larger than a list's grouped launch reads is launched alone by device_digests too: deferred,
         # it would only be held longer (H200, MoE layer: 1.19-1.22x deferred against 1.14-1.16x, 2026-12-04)
-        return not tensor.is_cuda or nbytes <= max(triton_digest.route()[1], triton_batch.batch_bytes())
+        return not tensor.is_cuda or nbytes <= triton_digest.route()[2]
 
     def host_layout(self, tensor) -> tuple[int, str, tuple[int, ...]] | None:
         if self.digest_on_cpu or not tensor.is_cpu or not tensor.is_contiguous() or not tensor.numel():
@@ -569,7 +569,7 @@ def device_digest(tensor) -> PendingDigest:
     if name is None:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
     if tensor.is_cuda:
-        kernels, limit = triton_digest.route()
+        kernels, limit, _ = triton_digest.route()
         if kernels and triton_digest.available(tensor) and triton_digest.supports(tensor):
             nbytes = tensor.numel() * tensor.element_size()
             # a small tensor copied into its group's arena, digested with the step's others in one launch; a

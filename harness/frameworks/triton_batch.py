@@ -15,29 +15,11 @@ addresses come again (the kernel resets each segment's arrival counter once done
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from harness.frameworks import triton_digest
 from harness.frameworks.triton_digest import _ALIGN, Group, GroupSlot
 
-# tensors of at most this many bytes are read by a list's grouped launch (where grouping is on: group_bytes() not 0),
-# above the hooks' group_bytes(), which bounds what is copied into an arena: read in place, a tensor costs no copy, and a
-# short step's host time per launch is what its overhead is (H200, the 1024/4096 MLP step captured with the hooks'
-# tensors batched: 3.1-3.3 ms against 3.4-3.9 ms with the 4 MiB of group_bytes(); the TransformerLayer's the same
-# 27.0-27.1 ms; 3 and 2 runs, 2026-12-04). Larger ones read faster by the fused kernel (below).
-BATCH_BYTES = 32 << 20
-
-
-def batch_bytes() -> int:
-    """XFALIGN_DIGEST_BATCH_BYTES, else BATCH_BYTES: the largest tensor a list's grouped launch reads."""
-    text = os.environ.get("XFALIGN_DIGEST_BATCH_BYTES")
-    if not text:
-        return BATCH_BYTES
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"XFALIGN_DIGEST_BATCH_BYTES={text!r}: not a whole number of bytes") from None
 PLANS = 16  # plans kept (a capture hands over a few lists per step: parameters, gradients, states)
 TABLES = 4  # tables kept per plan and device, for the addresses they were made for
 _PLANS: dict[tuple, Plan] = {}  # (tensors, the first one's key) -> its plan, oldest first
@@ -127,18 +109,18 @@ class Plan:
 
 def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan | None]:
     """The handles of the tensors' digests, launched now, and the plan that made them (None for no tensors): the
-    small ones (at most BATCH_BYTES; none where triton_digest.group_bytes() is 0), not empty, of one device, stream and dtype, by one launch
-    of `grouped_digest`; one that is not contiguous or does not start on a 16-byte boundary (a transposed weight, a
-    view) is read from a contiguous copy (the plan's, made now in stream order). None for the others (digested
-    one by one by the caller: a large tensor reads faster by the fused kernel, whose grid is capped at the programs
-    resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms grouped against 0.16 ms)."""
+    small ones (at most triton_digest.route()[2]: BATCH_BYTES, none where grouping is off), not empty, of one
+    device, stream and dtype, by one launch of `grouped_digest`; one that is not contiguous or does not start on a
+    16-byte boundary (a transposed weight, a view) is read from a contiguous copy (the plan's, made now in stream
+    order). None for the others (digested one by one by the caller: a large tensor reads faster by the fused
+    kernel, whose grid is capped at the programs resident at once: H200, a layer's 4 weights of 32-172 MiB, 0.31 ms
+    grouped against 0.16 ms)."""
     if not tensors:
         return [], None
     COUNTS["lists"] += 1
     key = [(tensor.dtype, tensor.shape, tensor.is_contiguous()) for tensor in tensors]
     # what a plan's tables depend on besides its tensors: the largest grouped tensor, a program's tiles
-    grouped = triton_digest.route()[1] and max(triton_digest.route()[1], batch_bytes())
-    settings = (grouped, triton_digest.ITEM_TILES, triton_digest.WARPS)
+    settings = (triton_digest.route()[2], triton_digest.ITEM_TILES, triton_digest.WARPS)
     # the whole key: a step hands over several lists (the forward pass's, the backward pass's, the optimizer's)
     name = tuple(key)
     kept = _PLANS.pop(name, None)  # put back last: the least recently used goes first

@@ -381,6 +381,12 @@ def kernel_choice() -> str:
 # -- Small tensors, grouped (see the note, "Small tensors") ------------------------------------------------------
 
 GROUP_BYTES = 4 << 20  # tensors of at most this many bytes are grouped (XFALIGN_DIGEST_GROUP_BYTES; 0: none)
+# tensors of at most this many bytes are read by a list's grouped launch (harness.frameworks.triton_batch; where
+# grouping is on), above GROUP_BYTES, which bounds what a hook copies into an arena: read in place, a tensor costs no
+# copy, and a short step's host time per launch is what its overhead is (H200, the 1024/4096 MLP step captured with
+# the hooks' tensors batched: 3.1-3.3 ms against 3.4-3.9 ms with lists up to GROUP_BYTES; the TransformerLayer's the
+# same 27.0-27.1 ms; 3 and 2 runs, 2026-12-04). Larger ones read faster by the fused kernel.
+BATCH_BYTES = 32 << 20
 ITEM_TILES = 8  # tiles (rows of LANES units: 2 KiB for 4 warps) per program of `grouped_digest`
 ARENA_BYTES = 16 << 20  # a group's first arena; doubled (up to MAX_ARENA_BYTES) when a step needs more
 MAX_ARENA_BYTES = 256 << 20
@@ -390,7 +396,7 @@ _ALIGN = 16  # bytes: each segment starts on a 16-byte boundary of the arena (ve
 _OPEN: dict[tuple, Group] = {}  # (device index, stream, dtype) -> the group that takes that key's small tensors
 _ARENA: dict[tuple, int] = {}  # the same key -> the arena's size in bytes that its groups start with
 _GROUP_META: dict[tuple, dict] = {}
-_ROUTE: list[tuple[bool, int]] = []  # (the Triton kernels, group_bytes()) read for this step (`route`)
+_ROUTE: list[tuple[bool, int, int]] = []  # `route()` read for this step
 _MEMCPY: list[Any] = []  # [cudaMemcpyAsync of the CUDA runtime torch loaded, or None], looked up once
 _CUDA_CALLS: list[Any] = []  # `_cuda_calls`
 
@@ -398,21 +404,32 @@ _CUDA_CALLS: list[Any] = []  # `_cuda_calls`
 def group_bytes() -> int:
     """XFALIGN_DIGEST_GROUP_BYTES: tensors of at most this many bytes are digested grouped (`grouped_device_digest`),
     larger ones by one launch each (`fused_device_digest`); 0 turns grouping off. Unset: GROUP_BYTES."""
-    text = os.environ.get("XFALIGN_DIGEST_GROUP_BYTES")
+    return _bytes_setting("XFALIGN_DIGEST_GROUP_BYTES", GROUP_BYTES)
+
+
+def batch_bytes() -> int:
+    """XFALIGN_DIGEST_BATCH_BYTES, else BATCH_BYTES: the largest tensor a list's grouped launch reads."""
+    return _bytes_setting("XFALIGN_DIGEST_BATCH_BYTES", BATCH_BYTES)
+
+
+def _bytes_setting(variable: str, default: int) -> int:
+    text = os.environ.get(variable)
     if not text:
-        return GROUP_BYTES
+        return default
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"XFALIGN_DIGEST_GROUP_BYTES={text!r}: not a whole number of bytes") from None
+        raise ValueError(f"{variable}={text!r}: not a whole number of bytes") from None
 
 
-def route() -> tuple[bool, int]:
-    """Whether the Triton kernels digest (kernel_choice() is not "torch") and group_bytes(): read at a step's
+def route() -> tuple[bool, int, int]:
+    """Whether the Triton kernels digest (kernel_choice() is not "torch"), group_bytes(), and the largest tensor a
+    list's grouped launch reads (0 where group_bytes() is 0, else at least it: batch_bytes()): read at a step's
     first digest and kept for the step (`launch_groups`, at its end, forgets them): reading the environment
     costs about a microsecond per variable, per tensor otherwise. `forget_route` makes the next digest read it."""
     if not _ROUTE:
-        _ROUTE.append((kernel_choice() != "torch", group_bytes()))
+        grouped = group_bytes()
+        _ROUTE.append((kernel_choice() != "torch", grouped, grouped and max(grouped, batch_bytes())))
     return _ROUTE[0]
 
 
