@@ -433,3 +433,16 @@ def test_meta_text_keeps_every_value_json_can_hold():
     assert found == meta
     assert math.copysign(1.0, found["tensors"][1]["stats"]["min"]) == -1.0
     assert sum(line.lstrip().startswith('{"') for line in text.splitlines()) == 4  # a line per item of a list of objects
+
+
+def test_meta_text_lines_from_one_call_are_each_items_own():
+    """A list's objects are written by one orjson call and split where they meet: an object whose text holds that
+    seam (a name, a nested list of objects) or a NaN beside a null makes no line of another's."""
+    items = [{"name": "a},{b", "n": 1}, {"inner": [{"x": 1}, {"y": None}]}, {"call": None, "v": float("nan")},
+             {"call": None, "v": 2.5}, {}]
+    for listed in (items, items[2:], items[3:]):
+        text = meta_text({"records": listed})
+        found = json.loads(text)["records"]
+        assert len(found) == len(listed) and all(
+            f == e or (math.isnan(f["v"]) and math.isnan(e["v"])) for f, e in zip(found, listed))
+        assert sum(line.lstrip().startswith("{") for line in text.splitlines()[1:]) == len(listed)

@@ -97,7 +97,7 @@ def meta_text(meta: dict) -> str:
     for key in sorted(meta):
         value = meta[key]
         if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
-            items = b",\n  ".join([_json_bytes(item) for item in value]).decode()
+            items = b",\n  ".join(_item_lines(value)).decode()
             lines.append(f" {_json(key)}: [\n  {items}\n ]")
         elif isinstance(value, dict) and any(isinstance(v, list) and v and isinstance(v[0], dict) for v in value.values()):
             lines.append(f" {_json(key)}: " + meta_text(value).rstrip("\n").replace("\n", "\n "))
@@ -119,6 +119,22 @@ def _json_bytes(value: Any) -> bytes:
     if text is None or (b"null" in text and _has_nonfinite(value)):
         return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
     return text
+
+
+def _item_lines(items: list[dict]) -> list[bytes]:
+    """Each object of `items` as `_json_bytes` writes it, from one orjson call over the list where that is exact: its
+    objects meet at `},{` and nowhere else (no such text within one, counted), and a line that says null is kept
+    only where no NaN or Inf stood there (a step's meta: one call instead of ~300 on the writer's thread)."""
+    try:
+        text = orjson.dumps(items, option=_ORJSON_OPTIONS)
+    except TypeError:
+        text = b""
+    inner = text[2:-2]  # without `[{` and `}]`
+    if not text or inner.count(b"},{") != len(items) - 1:
+        return [_json_bytes(item) for item in items]
+    lines = [b"{" + line + b"}" for line in inner.split(b"},{")]
+    return [_json_bytes(item) if b"null" in line and _has_nonfinite(item) else line
+            for line, item in zip(lines, items, strict=True)]
 
 
 def _json(value: Any) -> str:
