@@ -52,11 +52,12 @@ def _block_sum_and_sums(values, bits, shift, magnitude, words, weights, factors,
     their width; `shift`, `magnitude`: that width less one, and its magnitude bits), in one pass over the tensor's
     blocks. float32: one loop, a float being one word of the hash, read once, its min and max key kept in 32 bits
     (`_ordered32`); float64 (two words each): a loop each over a block, which vectorize at their own widths.
-    Against one loop for both widths with 64-bit keys (3 runs of 300 calls each, numba 0.68.1, 2026-12-04): on a
-    2-core AMD EPYC with AVX2 (no 64-bit vector multiply), 256 KiB of float32 in 32-35 against 39-44 us, 512 KiB of
-    float64 in 53-63 against 72-85; on the H200 machine's Intel Xeon (AVX-512), float32 about even (256 KiB 30.5-31.1
-    against 28.2-31.5 us, 4 MiB 508-605 against 478-578), float64 49.1-51.1 against 68.1-69.3 us. Compiled by numba (lines not
-    traced); the branch on the width is folded at compile time."""
+    Against one loop for both widths with 64-bit keys (2026-12-04, numba 0.68.1, six runs here and one there of 3 x
+    300 calls, each figure the mean of 300): on a 2-core AMD EPYC with AVX2 (no 64-bit vector multiply), 4 MiB of
+    float32 in 502-563 against 613-732 us, 512 KiB of float64 in 52-63 against 72-85, 256 KiB of float32 in 32-44
+    against 38-45 (in four runs of six about 33 against 40, in two even); on the H200 machine's Intel Xeon (AVX-512)
+    float32 about even (256 KiB 30.5-31.1 against 28.2-31.5 us, 4 MiB 508-605 against 478-578), float64 49.1-51.1
+    against 68.1-69.3 us. Compiled by numba (lines not traced); the branch on the width is folded at compile time."""
     wide = values.itemsize == 8
     per_block = block * 4 // values.itemsize
     total = np.int64(0)
