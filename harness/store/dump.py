@@ -9,6 +9,7 @@ import re
 import threading
 from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -96,8 +97,8 @@ def meta_text(meta: dict) -> str:
     lines = []
     for key in sorted(meta):
         value = meta[key]
-        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
-            items = b",\n  ".join(_item_lines(value)).decode()
+        if isinstance(value, list) and value and all(map(isinstance, value, repeat(dict))):
+            items = _items_text(value).decode()
             lines.append(f" {_json(key)}: [\n  {items}\n ]")
         elif isinstance(value, dict) and any(isinstance(v, list) and v and isinstance(v[0], dict) for v in value.values()):
             lines.append(f" {_json(key)}: " + meta_text(value).rstrip("\n").replace("\n", "\n "))
@@ -121,20 +122,26 @@ def _json_bytes(value: Any) -> bytes:
     return text
 
 
-def _item_lines(items: list[dict]) -> list[bytes]:
-    """Each object of `items` as `_json_bytes` writes it, from one orjson call over the list where that is exact: its
-    objects meet at `},{` and nowhere else (no such text within one, counted), and a line that says null is kept
-    only where no NaN or Inf stood there (a step's meta: one call instead of ~300 on the writer's thread)."""
+def _items_text(items: list[dict]) -> bytes:
+    """The objects of `items` as `_json_bytes` writes each, a line each (joined by `,` and a newline), from one orjson
+    call over the list where that is exact: its objects meet at `},{` and nowhere else (no such text within one,
+    counted), and a line that says null is kept only where no NaN or Inf stood there (a step's meta: one call instead
+    of ~300 on the writer's thread)."""
     try:
         text = orjson.dumps(items, option=_ORJSON_OPTIONS)
     except TypeError:
         text = b""
-    inner = text[2:-2]  # without `[{` and `}]`
+    inner = text[1:-1]  # without `[` and `]`
     if not text or inner.count(b"},{") != len(items) - 1:
-        return [_json_bytes(item) for item in items]
-    lines = [b"{" + line + b"}" for line in inner.split(b"},{")]
-    return [_json_bytes(item) if b"null" in line and _has_nonfinite(item) else line
-            for line, item in zip(lines, items, strict=True)]
+        return _LINE.join([_json_bytes(item) for item in items])
+    if b"null" not in inner:
+        return inner.replace(b"},{", b"}" + _LINE + b"{")
+    lines = [b"{" + line + b"}" for line in inner[1:-1].split(b"},{")]
+    return _LINE.join([_json_bytes(item) if b"null" in line and _has_nonfinite(item) else line
+                       for line, item in zip(lines, items, strict=True)])
+
+
+_LINE = b",\n  "  # between a list's objects in meta.json
 
 
 def _json(value: Any) -> str:
@@ -142,10 +149,14 @@ def _json(value: Any) -> str:
 
 
 def _has_nonfinite(value: Any) -> bool:
-    """Whether a NaN or an infinity is anywhere in `value` (its dicts' values, lists and tuples)."""
+    """Whether a NaN or an infinity is anywhere in `value` (its dicts' values, lists and tuples). Strings, None and
+    integers, most of what a meta holds, are passed by their type alone."""
     pending = [value]
     while pending:
         item = pending.pop()
+        kind = type(item)
+        if kind is str or item is None or kind is int or kind is bool:
+            continue
         if isinstance(item, float):  # numpy's float64 too
             if not math.isfinite(item):
                 return True
