@@ -648,11 +648,12 @@ class Capture:
         if not self._steps:  # the first step: at the hook, its version watched (see DEFER_BYTES), held as deferred
             step.watched.append((name, tensor, version))
             submitted = self._submit(step, name, tensor, path)
-            held = -1
+            held = True
         else:
-            held = len(deferred.tensors)
+            before = len(deferred.tensors)
             submitted = self._submit(step, name, tensor, path, batch=deferred)
-        if len(deferred.tensors) > held:
+            held = len(deferred.tensors) > before  # not recorded already, nor left out
+        if held:
             deferred.nbytes += nbytes
             if deferred.nbytes >= DEFER_BYTES:
                 with self._lock:
