@@ -493,11 +493,6 @@ def test_fetches_fill_a_pinned_block_again_once_read_never_one_still_unread(torc
     assert [work.result()["fast64"] for work in pending] == [fast64(tensor.cpu().numpy()) for tensor in tensors]
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    _run()
-
-
 @pytest.mark.gpu
 def test_a_list_groups_tensors_up_to_batch_bytes_read_in_place_and_each_digest_is_numpys(torch, monkeypatch):
     """Tensors at hand together above the hooks' group_bytes() and up to triton_digest.BATCH_BYTES (read in place,
@@ -526,3 +521,8 @@ def test_a_list_groups_tensors_up_to_batch_bytes_read_in_place_and_each_digest_i
         work.settle(row)
     for (nbytes, dtype), tensor, work in zip(sizes, tensors, pending, strict=True):
         _check(_expected(f"{dtype} of {nbytes} bytes", adapter.to_numpy(tensor), work.result()))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _run()
