@@ -4,7 +4,11 @@ step, as the thread's is."""
 
 from __future__ import annotations
 
+import errno
+import io
+import pickle
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -112,6 +116,68 @@ def test_a_killed_writer_process_is_a_write_error_not_a_hang(torch, tmp_path):
             cap._process._process.wait()
             cap.step()
             cap.flush()
+
+
+def test_steps_written_behind_the_training_stop_at_the_first_write_that_fails(torch, tmp_path, monkeypatch):
+    """Digest-only steps are handed over without waiting for the steps before them to be written (up to
+    WRITES_AHEAD); a write that fails is raised by a later step(), naming its step, and no step handed over after it
+    is written."""
+    from harness.capture import api
+
+    real = api.Capture._write_step
+    begun, written = threading.Event(), []
+
+    def write_step(self, tree, step, index, pending, rows):
+        begun.wait(10)
+        if index == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, tree, step, index, pending, rows)
+        written.append(index)
+
+    monkeypatch.setattr(api.Capture, "_write_step", write_step)
+    model, _ = model_and_optimizer(torch)
+    handed = 0
+    with pytest.raises(CaptureWriteError, match=r"^capture: cannot write step 1 \(step-00001\) .*No space left on device"):
+        with capture(model, tmp_path / "tree", mode="digest", hash="fast", writer="thread") as cap:
+            for _ in range(api.WRITES_AHEAD + 2):
+                model(torch.ones(3, 4)).sum().backward()
+                cap.step()
+                handed += 1
+                if handed == api.WRITES_AHEAD:  # handed over while step 0's write waits
+                    assert written == []
+                    begun.set()
+    assert handed == api.WRITES_AHEAD + 1  # the next step() raised step 1's failure
+    assert written == [0] and read_tree(tmp_path / "tree").steps == ["step-00000"]
+
+
+def test_what_the_writer_process_is_sent_needs_no_framework_to_unpickle(torch, tmp_path):
+    """The writer process imports no framework (torch's import alone takes seconds and hundreds of MiB): the context
+    and the steps it is sent refer to no class of the framework's (torch.__version__ is one: a TorchVersion)."""
+    from harness.capture import step_writer
+
+    sent: list[tuple] = []
+    classes: set[str] = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            classes.add(module)
+            return super().find_class(module, name)
+
+    real = step_writer._send
+    model, optimizer = model_and_optimizer(torch)
+    try:
+        step_writer._send = lambda stream, message: (sent.append(message), real(stream, message))
+        with capture(model, tmp_path / "tree", optimizer=optimizer, mode="digest", hash="fast", writer="process") as cap:
+            loss = model(torch.ones(3, 4)).sum()
+            cap.loss(loss)
+            loss.backward()
+            optimizer.step()
+    finally:
+        step_writer._send = real
+    assert [message[0] for message in sent][:2] == ["open", "step"]
+    for message in sent:
+        Recording(io.BytesIO(pickle.dumps(message))).load()
+    assert classes and not [module for module in classes if module.split(".")[0] in ("torch", "numpy.core", "paddle")]
 
 
 def test_writer_choices_are_checked(torch, tmp_path):

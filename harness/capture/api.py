@@ -40,6 +40,7 @@ import sys
 import threading
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -83,6 +84,11 @@ WRITERS = ("thread", "process")  # where a step's dump is made and written: harn
 # arrays kept in full of at most this many elements get their statistics at once, on the hook's thread: ~7 us for a
 # scalar (a step's loss, learning rates, grad norms), against a pool thread woken to take the interpreter's lock
 INLINE_STATS = 1024
+# Steps handed to the writer and not written yet before step() waits for the oldest: digest-only steps are small, and
+# a step that waited for the one before it to be written waited for the writer to get the interpreter's lock between
+# the training's hooks (H200, the 1.2 ms MLP: a third of its captured step, py-spy, 2026-12-04); steps holding full
+# tensors are written one at a time (their arrays stay in memory until written). Below torch's PINNED_BLOCKS.
+WRITES_AHEAD = 3
 
 
 # While a capture of a GPU model is entered, the interpreter's switch interval (Python's default: 5 ms) is at most
@@ -368,7 +374,8 @@ class Capture:
         self._pool: ThreadPoolExecutor | None = None
         self._writer: ThreadPoolExecutor | None = None
         self._process: WriterProcess | None = None  # writer="process": makes and writes the dumps
-        self._writing: Future | None = None  # the write of the last step handed over
+        self._writing: deque[Future] = deque()  # the writes of the steps handed over, not waited for yet
+        self._write_failed = False  # a step's write failed: the steps handed over after it are not written
         self._steps = 0  # steps handed to the writer
         self._step = _Step()
         self.folder = self.path  # where this process's tree goes: a rank's folder in it, with several ranks
@@ -410,6 +417,8 @@ class Capture:
                 self.params.setdefault(owner, []).append((f"{relative}.{name}" if relative else name, param))
         self.full = {path: self.mode == "full" or any(fnmatch.fnmatchcase(_module_name(path), glob) for glob in self.refetch)
                      for path in self.modules}
+        # steps of fast digests alone (no tensor kept in full, no host copy held) may be written behind (WRITES_AHEAD)
+        self._digests_only = self.hash == "fast" and self.live is None and not any(self.full.values())
         self.full[TRAIN] = True  # a step's scalars are a few bytes: kept, so reports can print them
 
     def _manifest(self) -> CaptureManifest:
@@ -436,6 +445,7 @@ class Capture:
         self.root = type(self.model).__name__
         self._select()
         self._steps = 0
+        self._write_failed = False
         try:
             self._tree = TreeWriter(self.folder, self._manifest())
             with _writing(f"to {self.folder}"):
@@ -535,11 +545,12 @@ class Capture:
                 else:
                     self._tree.list_steps()
 
-    def _wait_written(self) -> None:
-        """Wait until every step handed to `step()` is written; raise the error of a write that failed."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()
+    def _wait_written(self, ahead: int = 0) -> None:
+        """Wait until at most `ahead` steps handed to `step()` are not written yet (by default every one is written);
+        raise the error of a write that failed."""
+        writing = self._writing
+        while len(writing) > ahead:
+            writing.popleft().result()
 
     # -- recording (called from the hooks) ----------------------------------------------------------------
 
@@ -891,9 +902,10 @@ class Capture:
         pending = list({id(work): work for _, work in step.results.values()
                         if isinstance(work, PendingDigest) and not work.fetched}.values())
         rows = self.adapter.fetch_digests([p.values for p in pending]) if pending else None
-        self._wait_written()  # the step before: one step written at a time
+        # the writer thread writes the steps in order; a step holding full tensors waits for the one before
+        self._wait_written(WRITES_AHEAD - 1 if self._digests_only else 0)
         index, self._steps = self._steps, self._steps + 1
-        self._writing = self._writer.submit(self._write, step, index, pending, rows)
+        self._writing.append(self._writer.submit(self._write, step, index, pending, rows))
         if self.live is not None and self.on_divergence == "stop":
             self._wait_written()  # the check's verdict before training goes on
         return self.folder / step_folder(index)
@@ -902,9 +914,15 @@ class Capture:
         """The writer thread's part of a step: its meta (while the device may still be digesting), the
         digests' values, then the dump, handed to the TreeWriter."""
         assert self._tree is not None
+        if self._write_failed:  # an earlier step's write failed (its error is raised): no later step is written
+            return
         kept = "; the earlier capture there is kept" if self._tree.replacing else ""
-        with _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
-            self._write_step(self._tree, step, index, pending, rows)
+        try:
+            with _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
+                self._write_step(self._tree, step, index, pending, rows)
+        except BaseException:
+            self._write_failed = True
+            raise
 
     def _write_step(self, tree: TreeWriter, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
         if self._process is not None:

@@ -424,7 +424,7 @@ class TorchAdapter(FrameworkAdapter):
         import torch
 
         fields = {
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),  # a str: its TorchVersion would import torch where it is unpickled
             "megatron_core": version_of("megatron-core"),
             "device": device,
             "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -469,7 +469,7 @@ _DTYPES: dict = {}  # torch dtype -> the dtype's name in dumps (None: no dump ho
 _CHUNK_BLOCKS = 256  # blocks widened to int64 at a time: bounds the temporary memory (128 MiB per chunk)
 
 
-PINNED_BLOCKS = 4  # pinned blocks kept per device for fetch_digests' transfers
+PINNED_BLOCKS = 6  # pinned blocks kept per device for fetch_digests' transfers (a capture has up to api.WRITES_AHEAD unread)
 _PINNED: dict = {}  # device -> its _PinnedBlocks
 _PINNED_LOCK = threading.Lock()  # captures in two threads must not take the same block
 
