@@ -149,6 +149,17 @@ def test_steps_written_behind_the_training_stop_at_the_first_write_that_fails(to
     assert handed == api.WRITES_AHEAD + 1  # the next step() raised step 1's failure
     assert written == [0] and read_tree(tmp_path / "tree").steps == ["step-00000"]
 
+    # the training fails while step 1's failed write is not raised yet: the block's end notes it, naming its step
+    written.clear()
+    with pytest.raises(RuntimeError, match="the training failed") as raised:
+        with capture(model, tmp_path / "again", mode="digest", hash="fast", writer="thread") as cap:
+            for _ in range(api.WRITES_AHEAD):
+                model(torch.ones(3, 4)).sum().backward()
+                cap.step()
+            raise RuntimeError("the training failed")
+    assert raised.value.__notes__ == ["xfalign capture: writing step 1 also failed: [Errno 28] No space left on device"]
+    assert written == [0] and read_tree(tmp_path / "again").steps == ["step-00000"]
+
 
 def test_what_the_writer_process_is_sent_needs_no_framework_to_unpickle(torch, tmp_path):
     """The writer process imports no framework (torch's import alone takes seconds and hundreds of MiB): the context

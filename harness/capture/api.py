@@ -375,7 +375,7 @@ class Capture:
         self._writer: ThreadPoolExecutor | None = None
         self._process: WriterProcess | None = None  # writer="process": makes and writes the dumps
         self._writing: deque[Future] = deque()  # the writes of the steps handed over, not waited for yet
-        self._write_failed = False  # a step's write failed: the steps handed over after it are not written
+        self._write_failed: int | None = None  # the step whose write failed: no step handed over after it is written
         self._steps = 0  # steps handed to the writer
         self._step = _Step()
         self.folder = self.path  # where this process's tree goes: a rank's folder in it, with several ranks
@@ -445,7 +445,7 @@ class Capture:
         self.root = type(self.model).__name__
         self._select()
         self._steps = 0
-        self._write_failed = False
+        self._write_failed = None
         try:
             self._tree = TreeWriter(self.folder, self._manifest())
             with _writing(f"to {self.folder}"):
@@ -494,7 +494,8 @@ class Capture:
             if error is None:
                 raise failed
             cause = failed.__cause__ if isinstance(failed, CaptureWriteError) and failed.__cause__ else failed
-            error.add_note(f"xfalign capture: writing step {self._steps - 1} also failed: {cause}")
+            step = self._steps - 1 if self._write_failed is None else self._write_failed
+            error.add_note(f"xfalign capture: writing step {step} also failed: {cause}")
 
     def _close(self) -> BaseException | None:
         """Remove every hook, drop the work of an unfinished step, wait for the last step's write and close the
@@ -504,10 +505,11 @@ class Capture:
             remove()
         self._removers, self._step = [], _Step()
         failed = None
-        try:
-            self._wait_written()
-        except BaseException as error:  # noqa: BLE001 - handed to __exit__, which raises it or notes it
-            failed = error
+        while self._writing:  # every write waited for (those after a failed one return at once); the first error kept
+            try:
+                self._wait_written()
+            except BaseException as error:  # noqa: BLE001 - handed to __exit__, which raises it or notes it
+                failed = failed or error
         if self._tree is not None:
             try:
                 with _writing(f"{self.folder} to disk (fsync)"):
@@ -914,14 +916,14 @@ class Capture:
         """The writer thread's part of a step: its meta (while the device may still be digesting), the
         digests' values, then the dump, handed to the TreeWriter."""
         assert self._tree is not None
-        if self._write_failed:  # an earlier step's write failed (its error is raised): no later step is written
+        if self._write_failed is not None:  # an earlier step's write failed (its error is raised): no later one is written
             return
         kept = "; the earlier capture there is kept" if self._tree.replacing else ""
         try:
             with _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
                 self._write_step(self._tree, step, index, pending, rows)
         except BaseException:
-            self._write_failed = True
+            self._write_failed = index
             raise
 
     def _write_step(self, tree: TreeWriter, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
