@@ -16,10 +16,12 @@ goes on. With hash="fast" (digest modes) a tensor is not copied: the adapter com
 (harness.store.fast_hash) and statistics where it lives (on the GPU for a CUDA tensor), and `step()`
 starts moving those few scalars of every tensor to the host at once; no MD5 is recorded for such a tensor
 (tensors kept in full still get one). `step()` hands the step to a writer thread, which waits for that work
-and writes the step's dump while training goes on: the next `step()` waits for it (so at most one step is
-being written while the next is recorded), and so do `flush()` and the end of the `with` block, which raise
-a write's error (CaptureWriteError, naming the step and the folder). With writer="process" the writer thread
-hands the step to a writer process (harness.capture.step_writer), which makes and writes the dump.
+and writes the step's dump while training goes on, the steps in order: a later `step()` waits for it once
+WRITES_AHEAD steps are not written yet (once one is, for steps holding tensors in full, MD5 digests or a live
+check's copies), and so do `flush()` and the end of the `with` block, which raise a write's error
+(CaptureWriteError, naming the step and the folder); no step handed over after a failed one is written. With
+writer="process" the writer thread hands the step to a writer process (harness.capture.step_writer), which makes
+and writes the dump.
 
 The path is made absolute when the capture is made (training code may change its working directory). The
 tree is written by harness.store.tree.TreeWriter: an earlier tree of the same side at the path is kept until
@@ -892,7 +894,7 @@ class Capture:
         return carried
 
     def _hand_over(self, step: _Step) -> Path:
-        """Hand a recorded step to the writer thread (after the step before it is written)."""
+        """Hand a recorded step to the writer thread (once fewer than WRITES_AHEAD steps are not written yet)."""
         assert self._writer is not None
         if step.loss:  # the loss comes before the backward pass, whenever it was recorded
             at = next((i for i, record in enumerate(step.records) if record[2] == "backward"), len(step.records))
