@@ -161,7 +161,7 @@ def test_steps_written_behind_the_training_stop_at_the_first_write_that_fails(to
     assert written == [0] and read_tree(tmp_path / "again").steps == ["step-00000"]
 
 
-def test_what_the_writer_process_is_sent_needs_no_framework_to_unpickle(torch, tmp_path):
+def test_what_the_writer_process_is_sent_needs_no_framework_to_unpickle(torch, tmp_path, monkeypatch):
     """The writer process imports no framework (torch's import alone takes seconds and hundreds of MiB): the context
     and the steps it is sent refer to no class of the framework's (torch.__version__ is one: a TorchVersion)."""
     from harness.capture import step_writer
@@ -175,20 +175,18 @@ def test_what_the_writer_process_is_sent_needs_no_framework_to_unpickle(torch, t
             return super().find_class(module, name)
 
     real = step_writer._send
+    monkeypatch.setattr(step_writer, "_send", lambda stream, message: (sent.append(message), real(stream, message)))
     model, optimizer = model_and_optimizer(torch)
-    try:
-        step_writer._send = lambda stream, message: (sent.append(message), real(stream, message))
-        with capture(model, tmp_path / "tree", optimizer=optimizer, mode="digest", hash="fast", writer="process") as cap:
-            loss = model(torch.ones(3, 4)).sum()
-            cap.loss(loss)
-            loss.backward()
-            optimizer.step()
-    finally:
-        step_writer._send = real
+    with capture(model, tmp_path / "tree", optimizer=optimizer, mode="digest", hash="fast", writer="process") as cap:
+        loss = model(torch.ones(3, 4)).sum()
+        cap.loss(loss)
+        loss.backward()
+        optimizer.step()
     assert [message[0] for message in sent][:2] == ["open", "step"]
     for message in sent:
         Recording(io.BytesIO(pickle.dumps(message))).load()
-    assert classes and not [module for module in classes if module.split(".")[0] in ("torch", "numpy.core", "paddle")]
+    assert "harness.capture.step_writer" in classes
+    assert not [module for module in classes if module.split(".")[0] in ("torch", "paddle")]
 
 
 def test_writer_choices_are_checked(torch, tmp_path):
