@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import pickle
 import signal
 import threading
@@ -159,6 +160,56 @@ def test_steps_written_behind_the_training_stop_at_the_first_write_that_fails(to
             raise RuntimeError("the training failed")
     assert raised.value.__notes__ == ["xfalign capture: writing step 1 also failed: [Errno 28] No space left on device"]
     assert written == [0] and read_tree(tmp_path / "again").steps == ["step-00000"]
+
+
+def test_steps_of_digests_alone_go_to_the_writer_process_without_waiting_for_the_device(torch, tmp_path, monkeypatch):
+    """The training's thread sends such a step itself, and its digests' values once the device has them: a step()
+    waits for the device only to keep at most WRITES_AHEAD steps unwritten, and no step is written before its
+    values, the steps in order, as the writer thread writes them."""
+    from harness.capture import api
+    from harness.frameworks.torch import TorchAdapter
+
+    monkeypatch.setattr(TorchAdapter, "digest_on_cpu", True)  # values fetched at the step's end, as on a GPU
+    fetch = TorchAdapter.fetch_digests
+    device_done, read = [False], []
+
+    class Later:
+        """Rows the device has moved once `device_done`; reading them before waits for the device."""
+
+        def __init__(self, rows):
+            self.rows = rows
+
+        def ready(self):
+            return device_done[0]
+
+        def __call__(self):
+            read.append(device_done[0])
+            return self.rows()
+
+    monkeypatch.setattr(TorchAdapter, "fetch_digests", lambda self, handles: Later(fetch(self, handles)))
+    model, _ = model_and_optimizer(torch)
+    inputs = {"process": itertools.count(1), "thread": itertools.count(1)}
+
+    def steps(cap, count: int) -> None:
+        for _ in range(count):
+            model(torch.full((5, 4), float(next(inputs[cap.writer])))).sum().backward()
+            cap.step()
+            for param in model.parameters():
+                param.grad = None
+
+    with capture(model, tmp_path / "process", mode="digest", hash="fast", writer="process", provenance="test") as cap:
+        assert cap.writer == "process" and cap._direct
+        steps(cap, api.WRITES_AHEAD)
+        assert read == []  # handed over, none of their values read: the device not done
+        steps(cap, 1)
+        assert read == [False]  # the oldest's values waited for: WRITES_AHEAD steps unwritten at most
+        device_done[0] = True
+        steps(cap, 2)
+        assert read == [False] + [True] * 4  # the values the device has (of steps 1-4), sent in order
+    with capture(model, tmp_path / "thread", mode="digest", hash="fast", writer="thread", provenance="test") as cap:
+        steps(cap, api.WRITES_AHEAD + 3)
+    assert files(tmp_path / "thread") == files(tmp_path / "process")
+    assert len(read_tree(tmp_path / "process").steps) == api.WRITES_AHEAD + 3
 
 
 def test_what_the_writer_process_is_sent_needs_no_framework_to_unpickle(torch, tmp_path, monkeypatch):

@@ -20,8 +20,10 @@ and writes the step's dump while training goes on, the steps in order: a later `
 WRITES_AHEAD steps are not written yet (once one is, for steps holding tensors in full, MD5 digests or a live
 check's copies), and so do `flush()` and the end of the `with` block, which raise a write's error
 (CaptureWriteError, naming the step and the folder); no step handed over after a failed one is written. With
-writer="process" the writer thread hands the step to a writer process (harness.capture.step_writer), which makes
-and writes the dump.
+writer="process" a writer process (harness.capture.step_writer) makes and writes the dump: the writer thread hands
+it the step, or, for a step of fast digests alone, the training's thread itself, at the step's end (a thread woken
+per step took the GIL between the training's kernel launches), the digests' values at a later step's end, once
+the device has them.
 
 The path is made absolute when the capture is made (training code may change its working directory). The
 tree is written by harness.store.tree.TreeWriter: an earlier tree of the same side at the path is kept until
@@ -48,7 +50,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import yaml
@@ -135,6 +137,24 @@ class _Done:
 
     def result(self) -> Any:
         return self.value
+
+
+class _SentStep:
+    """A step of fast digests alone sent to the writer process by the training's thread: its digests' values follow
+    (`rows`, None once sent: Capture._send_values), then the process's answer, read in order (`result`)."""
+
+    __slots__ = ("capture", "index", "pending", "rows")
+
+    def __init__(self, capture: Capture, index: int, pending: list[PendingDigest], rows: Any):
+        self.capture, self.index, self.pending, self.rows = capture, index, pending, rows
+
+    def ready(self) -> bool:
+        """Whether its values can be sent without waiting for the device."""
+        ready = getattr(self.rows, "ready", None)
+        return ready is None or ready()
+
+    def result(self) -> None:
+        self.capture._settle_sent(self)
 
 
 class CaptureError(XfalignError):
@@ -376,7 +396,8 @@ class Capture:
         self._pool: ThreadPoolExecutor | None = None
         self._writer: ThreadPoolExecutor | None = None
         self._process: WriterProcess | None = None  # writer="process": makes and writes the dumps
-        self._writing: deque[Future] = deque()  # the writes of the steps handed over, not waited for yet
+        self._writing: deque[Future | _SentStep] = deque()  # the writes of the steps handed over, not waited for yet
+        self._direct = False  # steps are sent to the writer process by the training's thread (_SentStep)
         self._write_failed: int | None = None  # the step whose write failed: no step handed over after it is written
         self._steps = 0  # steps handed to the writer
         self._step = _Step()
@@ -475,6 +496,7 @@ class Capture:
             if self.writer == "process":
                 self._process = WriterProcess.take()
                 self._process.open(self._tree, self.context)
+            self._direct = self._process is not None and self._digests_only
             for path, module in self.modules.items():
                 self._removers += self.adapter.hook_module(
                     module, lambda m, args, kwargs, path=path: self._before(path, args, kwargs),
@@ -894,7 +916,8 @@ class Capture:
         return carried
 
     def _hand_over(self, step: _Step) -> Path:
-        """Hand a recorded step to the writer thread (once fewer than WRITES_AHEAD steps are not written yet)."""
+        """Hand a recorded step to the writer thread, or send it to the writer process (`_send_step`), once fewer than
+        WRITES_AHEAD steps are not written yet."""
         assert self._writer is not None
         if step.loss:  # the loss comes before the backward pass, whenever it was recorded
             at = next((i for i, record in enumerate(step.records) if record[2] == "backward"), len(step.records))
@@ -906,6 +929,8 @@ class Capture:
         pending = list({id(work): work for _, work in step.results.values()
                         if isinstance(work, PendingDigest) and not work.fetched}.values())
         rows = self.adapter.fetch_digests([p.values for p in pending]) if pending else None
+        if self._direct:
+            return self._send_step(step, pending, rows)
         # the writer thread writes the steps in order; a step holding full tensors waits for the one before
         self._wait_written(WRITES_AHEAD - 1 if self._digests_only else 0)
         index, self._steps = self._steps, self._steps + 1
@@ -914,19 +939,72 @@ class Capture:
             self._wait_written()  # the check's verdict before training goes on
         return self.folder / step_folder(index)
 
+    @contextmanager
+    def _writing_step(self, index: int) -> Iterator[None]:
+        """A step's write (or its part): its failure a CaptureWriteError naming it; no later step is written."""
+        assert self._tree is not None
+        kept = "; the earlier capture there is kept" if self._tree.replacing else ""
+        try:
+            with _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
+                yield
+        except BaseException:
+            if self._write_failed is None:
+                self._write_failed = index
+            raise
+
     def _write(self, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
         """The writer thread's part of a step: its meta (while the device may still be digesting), the
         digests' values, then the dump, handed to the TreeWriter."""
         assert self._tree is not None
         if self._write_failed is not None:  # an earlier step's write failed (its error is raised): no later one is written
             return
-        kept = "; the earlier capture there is kept" if self._tree.replacing else ""
+        with self._writing_step(index):
+            self._write_step(self._tree, step, index, pending, rows)
+
+    def _send_step(self, step: _Step, pending: list[PendingDigest], rows) -> Path:
+        """Send a step of digests alone to the writer process (the values of the steps before it that the device has
+        first, the answers there read), once fewer than WRITES_AHEAD steps are not written yet."""
+        assert self._process is not None
+        sent_steps = cast(deque[_SentStep], self._writing)
+        for sent in sent_steps:  # in order: the process writes them so
+            if sent.rows is not None:
+                if not sent.ready():
+                    break
+                self._send_values(sent)
+        while sent_steps and sent_steps[0].rows is None and self._process.answered():
+            sent_steps.popleft().result()
+        self._wait_written(WRITES_AHEAD - 1)
+        index, self._steps = self._steps, self._steps + 1
+        if self._write_failed is None:
+            with self._writing_step(index):
+                self._process.send(("step", self._payload(step, index, pending)))
+            self._writing.append(_SentStep(self, index, pending, rows))
+        return self.folder / step_folder(index)
+
+    def _send_values(self, sent: _SentStep) -> None:
+        """Send a sent step's digests' values (waiting for the device), None once a write has failed; a step whose
+        values cannot be fetched is dropped (the process told so), their error raised."""
+        assert self._process is not None
+        rows, sent.rows = sent.rows, None
         try:
-            with _writing(f"step {index} ({step_folder(index)}) of {self.folder}", kept):
-                self._write_step(self._tree, step, index, pending, rows)
+            values = None if self._write_failed is not None else self._fetched(sent.pending, rows())
         except BaseException:
-            self._write_failed = index
+            self._write_failed = sent.index
+            with self._writing_step(sent.index):
+                self._process.send(("values", sent.index, None))
             raise
+        with self._writing_step(sent.index):
+            self._process.send(("values", sent.index, values))
+
+    def _settle_sent(self, sent: _SentStep) -> None:
+        """A sent step written: its values sent, the process's answer read (its failure raised)."""
+        assert self._process is not None
+        try:
+            if sent.rows is not None:
+                self._send_values(sent)
+        finally:
+            with self._writing_step(sent.index):
+                self._process.answer()
 
     def _write_step(self, tree: TreeWriter, step: _Step, index: int, pending: list[PendingDigest], rows) -> None:
         if self._process is not None:

@@ -1,20 +1,21 @@
 """A captured step made into its dump (`step_dump`), and the process that can write the dumps (`WriterProcess`).
 
-A capture hands each step to its writer thread. That thread waits for the step's digests, then either makes and
+A capture hands each step to a writer. The writer thread waits for the step's digests, then either makes and
 writes the dump itself, or hands the step (a `StepPayload`: records, digest entries, the few arrays kept) to a
 writer process, which makes the meta, writes the step and the manifest, and answers. In the process, building
-and writing a step never holds the training process's GIL: what the training's process pays per step is the
-payload's pickling and a pipe write (harness.capture.api: writer="process"). A step's payload is sent before its
-digests' values are on the host, which follow as one array (made into entries in the process): once the device has
-them, at the end of the step, when the training's next step begins, the writer thread takes the GIL only briefly.
+and writing a step never holds the training process's GIL. A step of digests alone skips the thread: the training's
+thread sends its payload as the step ends and its digests' values once the device has them (the capture checks
+at each step's end, and waits for them only to keep at most WRITES_AHEAD steps unwritten), and reads the answers
+that are there; a thread woken per step took the training's GIL between its kernel launches (harness.capture.api).
 
 The process is a fresh interpreter (`python -m harness.capture.step_writer`), not a fork of the training (CUDA,
-threads) nor a spawn that would re-run the training script. It talks over its stdin/stdout in pickled messages:
-("open", folder, manifest, staging, context) once per capture, then ("step", payload) and ("list",) (the manifest
-rewritten) answered by None or the failure (a step whose payload lists `digests` is followed by ("values", rows or None:
-the step dropped) before the answer), then ("close",) answered the same way once the steps are durable; then
-it waits for the training process's next capture. It ends at the end of its stdin (the training's process gone).
-The folder stays claimed (flocked) by the training's process.
+threads) nor a spawn that would re-run the training script. It reads pickled messages on its stdin: ("open",
+folder, manifest, staging, context) once per capture, then ("step", payload) (a payload listing `digests` is
+written once ("values", its index, rows or None: the step dropped) comes), ("list",) (the manifest rewritten) and
+("close",) (the steps made durable). It answers each step, list and close in order on its stdout, in framed pickles
+(`read_answer`): None or the failure; once a step fails, the capture's later steps are answered None, not written.
+Then it waits for the training process's next capture. It ends at the end of its stdin (the training's process
+gone). The folder stays claimed (flocked) by the training's process.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import select
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -30,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NoReturn, cast
 
 import numpy as np
 
@@ -126,6 +129,32 @@ def _send(stream: IO[bytes], message: Any) -> None:
     stream.flush()
 
 
+_FRAME = struct.Struct("<Q")  # an answer's length, before it: read whole from the pipe's descriptor, no buffer
+
+
+def _answer(stream: IO[bytes], message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_FRAME.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read_exactly(fd: int, count: int) -> bytes:
+    parts = []
+    while count:
+        part = os.read(fd, count)
+        if not part:
+            raise EOFError
+        parts.append(part)
+        count -= len(part)
+    return b"".join(parts)
+
+
+def read_answer(fd: int) -> Any:
+    """The next answer on the descriptor `fd` (EOFError at its end)."""
+    (count,) = _FRAME.unpack(_read_exactly(fd, _FRAME.size))
+    return pickle.loads(_read_exactly(fd, count))
+
+
 # Processes whose capture ended well, kept for this process's next capture: a process starts in 1-4 s (its imports:
 # ml_dtypes alone took 1.0-1.5 s on this project's CI machine), which a capture of a few steps would wait for at its end
 _IDLE: list[WriterProcess] = []
@@ -149,36 +178,39 @@ class WriterProcess:
     def __init__(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])  # where `harness` is, however it was imported
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-        self._process = subprocess.Popen([sys.executable, "-m", "harness.capture.step_writer"],
+        # -P: not the working directory first on its path (`-m` puts it there), which may hold another `harness`
+        self._process = subprocess.Popen([sys.executable, "-P", "-m", "harness.capture.step_writer"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def open(self, tree: TreeWriter, context: StepContext) -> None:
         """Hand it the tree, opened (claimed) by this process, and what every step's meta says."""
-        self._call(("open", tree.folder, tree.manifest.model_dump(mode="json"), tree.staging, context), answer=False)
+        self.send(("open", tree.folder, tree.manifest.model_dump(mode="json"), tree.staging, context))
 
     def write(self, payload: StepPayload, values: Callable[[], np.ndarray] | None = None) -> None:
         """Write a step; with `values` (the payload lists `digests`), send the payload, then what values() gives
         (it may wait for the device), then wait for the answer."""
-        if values is None:
-            self._call(("step", payload))
-            return
-        self._call(("step", payload), answer=False)
-        try:
-            found = values()
-        except BaseException:
-            self._call(("values", None))  # the process drops the step
-            raise
-        self._call(("values", found))
+        self.send(("step", payload))
+        if values is not None:
+            try:
+                found = values()
+            except BaseException:
+                self.send(("values", payload.index, None))  # the process drops the step
+                self.answer()
+                raise
+            self.send(("values", payload.index, found))
+        self.answer()
 
     def list_steps(self) -> None:
         """The manifest made to list every step written (TreeWriter.list_steps)."""
-        self._call(("list",))
+        self.send(("list",))
+        self.answer()
 
     def close(self) -> None:
         """The steps made durable; the process kept for this process's next capture, or ended if it failed (a
         process that ended already: its failure)."""
         try:
-            self._call(("close",))
+            self.send(("close",))
+            self.answer()
         except BaseException:
             self.end()
             raise
@@ -196,20 +228,36 @@ class WriterProcess:
             self._process.kill()
             self._process.wait()
 
-    def _call(self, message: tuple, answer: bool = True) -> None:
-        assert self._process.stdin is not None and self._process.stdout is not None
+    def send(self, message: tuple) -> None:
+        """Send a message, not waiting for its answer (`answer`)."""
+        assert self._process.stdin is not None
         try:
             _send(self._process.stdin, message)
-            failure = pickle.load(self._process.stdout) if answer else None
-        except (BrokenPipeError, EOFError, pickle.UnpicklingError):
-            code = self._process.wait()
-            raise WriterProcessError(f"the writer process ended (exit code {code}; its error output is above)") from None
+        except BrokenPipeError:
+            self._ended()
+
+    def answered(self) -> bool:
+        """Whether an answer is there to read (`answer` would not wait)."""
+        assert self._process.stdout is not None
+        return bool(select.select([self._process.stdout.fileno()], [], [], 0)[0])
+
+    def answer(self) -> None:
+        """Wait for the next answer; raise the failure it tells."""
+        assert self._process.stdout is not None
+        try:
+            failure = read_answer(self._process.stdout.fileno())
+        except (EOFError, pickle.UnpicklingError):
+            self._ended()
         if failure is None:
             return
         kind, words = failure
         if kind == "os":
             raise OSError(*words)
         raise WriterProcessError(f"the writer process failed: {words}")
+
+    def _ended(self) -> NoReturn:
+        code = self._process.wait()
+        raise WriterProcessError(f"the writer process ended (exit code {code}; its error output is above)") from None
 
 
 @atexit.register
@@ -231,48 +279,67 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
     tree: TreeWriter | None = None
     context: StepContext | None = None
     broken: tuple | None = None  # an open that failed: every later call is answered with it
+    stopped = False  # a step's write failed: the capture's later steps are answered None, not written
+    waiting: list[StepPayload] = []  # steps not written yet, in order: the first waits for its digests' values
     # each step written is made durable by a thread of its own meanwhile, not all at the capture's end
     syncer = ThreadPoolExecutor(1, thread_name_prefix="xfalign-sync")
     syncing: list[Future] = []
+
+    def write_waiting() -> None:
+        """Write the steps at the head of `waiting` whose values are there, answering each."""
+        nonlocal stopped, syncing
+        while waiting and not waiting[0].digests:
+            payload = waiting.pop(0)
+            if stopped or payload.index < 0:  # a failed step's capture, or a step dropped (its values not fetched)
+                _answer(outbox, None)
+                continue
+            try:
+                assert tree is not None and context is not None
+                # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
+                written = tree.write_step(payload.index, step_dump(context, payload), validate=False)
+            except Exception as error:  # noqa: BLE001 - answered to the training's process, which raises it
+                stopped = True
+                _answer(outbox, _failure(error))
+                continue
+            _answer(outbox, None)
+            # those done keep only their failure, for the close: a long capture holds no future per step
+            syncing = [sync for sync in syncing if not sync.done() or sync.exception() is not None]
+            syncing.append(syncer.submit(tree.sync_step, written.name))
+
     while True:
         try:
-            message = pickle.load(inbox)
+            kind, *rest = pickle.load(inbox)
         except EOFError:  # the training's process is gone
             return
-        kind, *rest = message
-        values = None
-        if kind == "step" and rest[0].digests:  # its values follow: read whatever comes of the step
-            try:
-                _, values = pickle.load(inbox)
-            except EOFError:
-                return
         try:
             if kind == "open":
                 folder, manifest, staging, context = rest
                 tree = TreeWriter.adopt(folder, CaptureManifest.model_validate(manifest), staging)
+                stopped, waiting = False, []
                 continue
             if broken is not None:
-                _send(outbox, broken)
+                if kind != "values":  # a step's values come with its step, answered already
+                    _answer(outbox, broken)
                 if kind == "close":
                     return
             elif kind == "step":
-                assert tree is not None and context is not None
-                payload = rest[0]
-                if payload.digests:
-                    if values is None:  # the training's process could not fetch them: nothing is written
-                        _send(outbox, None)
-                        continue
+                waiting.append(rest[0])
+                write_waiting()
+            elif kind == "values":
+                index, values = rest
+                payload = next((step for step in waiting if step.index == index), None)
+                if payload is None:  # not waiting for them: the training's process sends each step's once
+                    continue
+                if values is None:
+                    payload.index = -1
+                else:
                     payload.settle(values)
-                # the meta is made of validated parts: the schema check on writing is skipped (Dump.read checks it)
-                written = tree.write_step(payload.index, step_dump(context, payload), validate=False)
-                _send(outbox, None)
-                # those done keep only their failure, for the close: a long capture holds no future per step
-                syncing = [sync for sync in syncing if not sync.done() or sync.exception() is not None]
-                syncing.append(syncer.submit(tree.sync_step, written.name))
+                payload.digests = []
+                write_waiting()
             elif kind == "list":
                 assert tree is not None
                 tree.list_steps()
-                _send(outbox, None)
+                _answer(outbox, None)
             elif kind == "close":  # the capture's end: this process waits for the next capture
                 done, syncing = syncing, []
                 for sync in done:  # an fsync that failed fails the close, as finish's own would
@@ -280,12 +347,13 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
                 if tree is not None:
                     tree.finish()
                 tree = context = None
-                _send(outbox, None)
+                waiting = []  # steps whose values never came: the training's process has answered for them
+                _answer(outbox, None)
         except Exception as error:  # noqa: BLE001 - answered to the training's process, which raises it
             if kind == "open":
                 broken = _failure(error)
             else:
-                _send(outbox, _failure(error))
+                _answer(outbox, _failure(error))
 
 
 if __name__ == "__main__":

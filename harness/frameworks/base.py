@@ -250,7 +250,8 @@ class FrameworkAdapter(ABC):
     def fetch_digests(self, handles: list) -> Callable[[], np.ndarray]:
         """Start moving the values (fast_hash.SLOTS, float64) of the handles `device_digest` made to the host,
         together, without waiting; the function returned waits for them and gives one row per handle (the
-        capture's writer thread calls it, so the training does not wait for the device)."""
+        capture calls it once the device is done, or from its writer thread, so the training does not wait for the
+        device). Where the function has a `ready()` method, it tells whether the values are there (no wait)."""
         raise NotImplementedError(f"{self.name}: no device digests")
 
     def tensor_version(self, tensor: Any) -> int | None:

@@ -372,23 +372,7 @@ class TorchAdapter(FrameworkAdapter):
             host.copy_(stacked, non_blocking=True)
             pinned.done.record(torch.cuda.current_stream(device))
             moves.append((indices, rows_at, host, pinned))
-
-        read: list[np.ndarray] = []
-
-        def rows() -> np.ndarray:
-            if read:  # read once: the pinned blocks may be another fetch's since
-                return read[0]
-            values = np.zeros((len(handles), len(SLOTS)))
-            for indices, rows_at, host, pinned in moves:
-                if pinned is not None:
-                    pinned.done.synchronize()
-                values[indices] = host.numpy()[rows_at]
-                if pinned is not None:
-                    pinned.taken = False  # read: the next fetch may fill it
-            read.append(values)
-            return values
-
-        return rows
+        return _FetchedRows(len(handles), moves)
 
     def optimizer_probe(self, optimizer):
         from harness.frameworks.torch_optimizer import torch_optimizer_probe
@@ -505,6 +489,30 @@ def _pinned_block(device, count: int) -> _PinnedBlock:
         elif free:  # one too small: the larger one kept instead
             blocks[free[0]] = block
         return block
+
+
+class _FetchedRows:
+    """fetch_digests' function: the rows once moved (waiting for the transfers), read once (the pinned blocks may be
+    another fetch's since); `ready`: whether they are moved (no wait)."""
+
+    def __init__(self, count: int, moves: list):
+        self.count, self.moves = count, moves
+        self.read: np.ndarray | None = None
+
+    def ready(self) -> bool:
+        return self.read is not None or all(pinned is None or pinned.done.query() for *_, pinned in self.moves)
+
+    def __call__(self) -> np.ndarray:
+        if self.read is None:
+            values = np.zeros((self.count, len(SLOTS)))
+            for indices, rows_at, host, pinned in self.moves:
+                if pinned is not None:
+                    pinned.done.synchronize()
+                values[indices] = host.numpy()[rows_at]
+                if pinned is not None:
+                    pinned.taken = False  # read: the next fetch may fill it
+            self.read, self.moves = values, []
+        return self.read
 
 
 def dtype_name_of(tensor) -> str | None:
