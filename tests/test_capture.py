@@ -480,9 +480,9 @@ def test_two_ranks_write_one_tree_each(tmp_path):
 
 @pytest.mark.parametrize("defer", [0, 1, None])
 def test_hooks_fast_digests_deferred_or_not_are_numpys_and_taken_together(torch, tmp_path, monkeypatch, defer):
-    """From the second step on, the hooks' fast digests are left to one batch as the forward pass ends and one as
-    the step ends (DEFER_BYTES; 1: a batch digested at every tensor; 0: each at its hook): every digest is numpy's
-    of the full capture's bytes either way, and deferred, no tensor is digested on its own."""
+    """From the second step on, the hooks' fast digests are left to one batch with the parameters' and the gradients',
+    digested as the step ends (DEFER_BYTES; 1: a batch digested at every tensor; 0: each at its hook): every digest
+    is numpy's of the full capture's bytes either way, and deferred, no tensor is digested on its own."""
     from harness.capture import api
     from harness.frameworks.torch import TorchAdapter
     from harness.store.fast_hash import fast64
@@ -522,10 +522,41 @@ def test_hooks_fast_digests_deferred_or_not_are_numpys_and_taken_together(torch,
         assert fast.order == full.order
         assert {name: fast.unstored[name]["fast64"] for name in fast.order} == \
             {name: fast64(np.asarray(full.tensors[name])) for name in full.order}
-    if defer is None:  # the forward pass's tensors with the parameters, the backward pass's with the gradients
-        assert len(lists) == 2 and not alone
+    if defer is None:  # the step's tensors in one list: the forward pass's, the parameters, the backward pass's, the gradients
+        assert len(lists) == 1 and not alone
     elif defer == 0:
         assert len(lists) == 2 and alone
+
+
+def test_parameters_changed_after_the_forward_pass_are_named_where_their_digest_is_deferred(torch, tmp_path, monkeypatch):
+    """The parameters are recorded as the forward pass ends and, with fast digests, digested with the step's last
+    list: one changed in place between the two (by its version) is digested as it is then, and the step's notes
+    name it; where digests are not deferred (XFALIGN_DEFER_BYTES=0), as the forward pass read it."""
+    from harness.capture import api
+    from harness.store.fast_hash import fast64
+
+    rng = np.random.default_rng(5)
+    model = torch_model(torch, rng)
+    x = torch.from_numpy(integers(rng, (4, 3)))
+    name = "head:param.bias"
+    for defer in (api.DEFER_BYTES, 0):
+        monkeypatch.setattr(api, "DEFER_BYTES", defer)
+        with capture(model, tmp_path / str(defer), mode="digest", hash="fast") as cap:
+            for _ in range(2):
+                before = model.head.bias.detach().numpy().copy()
+                loss = model(x).sum()
+                with torch.no_grad():
+                    model.head.bias.add_(1.0)  # after the forward pass, before the step's end
+                loss.backward()
+                cap.step()
+                model.zero_grad()
+        step = read_tree(tmp_path / str(defer)).step(1)
+        notes = step.meta.get("notes", {}).get("capture") or ""
+        if defer:
+            assert step.unstored[name]["fast64"] == fast64(model.head.bias.detach().numpy())
+            assert "changed in place after their hook" in notes and name in notes
+        else:
+            assert step.unstored[name]["fast64"] == fast64(before) and name not in notes
 
 
 def test_hooks_tensors_changed_in_place_after_their_hook_are_digested_at_it(torch, tmp_path):
