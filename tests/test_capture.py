@@ -559,6 +559,32 @@ def test_parameters_changed_after_the_forward_pass_are_named_where_their_digest_
             assert step.unstored[name]["fast64"] == fast64(before) and name not in notes
 
 
+def test_an_output_whose_storage_is_swapped_after_the_forward_pass_is_not_read_swapped(torch, tmp_path):
+    """megatron-core's pipeline schedule swaps a stage's output for a 1-element tensor once sent (`out.data = ...`,
+    which bumps no version counter): a digest left to the step's end sees the swap by the tensor's address and
+    records the output as its hook saw it from the next step on, the step that swapped it first named in its notes."""
+    from harness.store.fast_hash import fast64
+
+    rng = np.random.default_rng(6)
+    model = torch_model(torch, rng)
+    x = torch.from_numpy(integers(rng, (4, 3)))
+    for mode, hash_ in (("full", "md5"), ("digest", "fast")):
+        with capture(model, tmp_path / mode, mode=mode, hash=hash_) as cap:
+            for step in range(3):
+                out = model(x)
+                out.sum().backward()
+                if step:  # from the second step on: after the first step learned which tensors change
+                    out.data = torch.zeros(1)
+                cap.step()
+                model.zero_grad()
+    full, fast = read_tree(tmp_path / "full"), read_tree(tmp_path / "digest")
+    name = next(n for n in fast.step(1).order if n.startswith("(root)#") and ":output." in n)
+    assert name in (fast.step(1).meta.get("notes", {}).get("capture") or "")
+    assert fast.step(1).unstored[name]["shape"] == [1]  # read as it was then: named, not silently wrong
+    assert fast.step(2).unstored[name]["fast64"] == fast64(np.asarray(full.step(2).tensors[name]))
+    assert fast.step(2).unstored[name]["shape"] == [4, 2]
+
+
 def test_hooks_tensors_changed_in_place_after_their_hook_are_digested_at_it(torch, tmp_path):
     """A module's output changed in place by its caller after the hook (megatron-core's cross entropy does so to
     the logits), which a deferred digest would read changed: the first step digests every hook's tensor at its hook

@@ -281,7 +281,7 @@ class _Batch:
     is its parent's), and the bytes held."""
 
     tensors: list[tuple[str, Any]] = field(default_factory=list)
-    versions: list[int | None] = field(default_factory=list)
+    versions: list[Any] = field(default_factory=list)  # FrameworkAdapter.tensor_version's
     aliases: list[tuple[str, str]] = field(default_factory=list)  # (name, the name of the tensor it is)
     names: set[str] = field(default_factory=set)
     nbytes: int = 0
@@ -334,12 +334,12 @@ class _Step:
     seen: dict[int, tuple] = field(default_factory=dict)  # id(tensor) -> (weak reference, version, full, name)
     started: bool = False  # the parameters' records made (by the first hook of the step)
     # per module: (path, its params record's names, its (name, parameter, version as the step began)), not yet recorded
-    params_due: list[tuple[str, list[str], list[tuple[str, Any, int | None]]]] = field(default_factory=list)
+    params_due: list[tuple[str, list[str], list[tuple[str, Any, Any]]]] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # parameters changed in place before `_record_params`
     deferred: _Batch = field(default_factory=_Batch)  # the hooks' tensors waiting for `_digest_batch`
     changed_later: list[str] = field(default_factory=list)  # deferred tensors changed in place after their hook
     # the first step's hook tensors, digested at their hooks: (name, tensor, version), checked where a batch would be
-    watched: list[tuple[str, Any, int | None]] = field(default_factory=list)
+    watched: list[tuple[str, Any, Any]] = field(default_factory=list)
     depth: int = 0  # captured modules' calls under way
     grads_recorded: bool = False  # the parameters' gradients recorded (by step(), or by the optimizer's step)
     loss: list[str] = field(default_factory=list)  # the (train) loss record's tensors: placed before the backward

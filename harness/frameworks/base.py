@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -254,9 +254,10 @@ class FrameworkAdapter(ABC):
         device). Where the function has a `ready()` method, it tells whether the values are there (no wait)."""
         raise NotImplementedError(f"{self.name}: no device digests")
 
-    def tensor_version(self, tensor: Any) -> int | None:
-        """A counter the framework bumps on every in-place change of the tensor (None: no such counter):
-        a tensor recorded twice in a step (a module's output is its parent's) is hashed once while it holds."""
+    def tensor_version(self, tensor: Any) -> Hashable | None:
+        """What changes on every in-place change of the tensor (None: nothing does): a counter the framework bumps,
+        with whatever else tells a change it does not count. A tensor recorded twice in a step (a module's output is
+        its parent's) is hashed once while it holds; a digest left to a later list reads the tensor only if it holds."""
         return None
 
     def optimizer_probe(self, optimizer: Any) -> OptimizerProbe | None:

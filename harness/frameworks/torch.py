@@ -277,8 +277,13 @@ class TorchAdapter(FrameworkAdapter):
         array = self.to_numpy(tensor)
         return array if tensor.device.type != "cpu" else array.copy()  # .cpu() made a copy already
 
-    def tensor_version(self, tensor) -> int | None:
-        return tensor._version
+    def tensor_version(self, tensor) -> tuple[int, int] | int:
+        # with the address: `tensor.data = ...` swaps the storage and bumps no counter (megatron-core's pipeline
+        # schedule does so to a stage's output once sent, which a digest left to the step's end would then read)
+        try:
+            return tensor._version, tensor.data_ptr()
+        except RuntimeError:  # no storage (a sparse tensor): its counter alone
+            return tensor._version
 
     # A CPU tensor is hashed at once by numpy, on its own memory (no copy): measured faster than torch ops
     # in float64 and than a host copy hashed on the capture's pool (scripts/bench_capture.py). On a GPU,
