@@ -212,6 +212,57 @@ def test_steps_of_digests_alone_go_to_the_writer_process_without_waiting_for_the
     assert len(read_tree(tmp_path / "process").steps) == api.WRITES_AHEAD + 3
 
 
+def test_the_writer_process_writes_steps_in_order_as_their_values_come_and_none_after_a_failed_one(torch, tmp_path,
+                                                                                                   monkeypatch):
+    """The process's side of a step sent by the training's thread: a step waits for its values (sent apart, tagged
+    with its index, possibly after later steps'), steps are written and answered in order, a step whose values are
+    None is dropped, and once a step's write fails the capture's later steps are answered without being written."""
+    import time
+
+    from harness.capture.step_writer import StepPayload, WriterProcessError
+    from harness.frameworks.torch import TorchAdapter
+    from harness.store.fast_hash import fast_entry
+    from harness.store.tree_format import step_folder
+
+    monkeypatch.setattr(TorchAdapter, "digest_on_cpu", True)  # a PendingDigest whose values are fetched apart
+    adapter = TorchAdapter()
+    tensor = torch.arange(4, dtype=torch.float32)
+    values = adapter.fetch_digests([adapter.device_digest(tensor).values])()
+    name = "(root):param.w"
+
+    def payload(index: int) -> StepPayload:
+        return StepPayload(index=index, records=[("(root)", None, "params", [name])], order=[name], tensors={}, stats={},
+                           unstored={name: 0}, norms={}, note=None, digests=[("float32", (4,), 16)])
+
+    model, _ = model_and_optimizer(torch)
+    tree = tmp_path / "tree"
+    with capture(model, tree, mode="digest", hash="fast", writer="process", provenance="test") as cap:
+        process = cap._process
+        for index in range(3):
+            process.send(("step", payload(index)))
+        process.send(("values", 1, values))  # step 1's before step 0's: written after it
+        time.sleep(0.2)
+        assert not process.answered()
+        process.send(("values", 0, None))  # step 0 dropped
+        process.answer()  # step 0
+        process.answer()  # step 1
+        assert (tree / step_folder(1)).is_dir() and not (tree / step_folder(0)).exists()
+        (tree / step_folder(3)).write_text("in the way")  # step 3's write fails
+        for index in (2, 3, 4):
+            if index > 2:
+                process.send(("step", payload(index)))
+            process.send(("values", index, values))
+        process.answer()  # step 2
+        with pytest.raises((OSError, WriterProcessError)):
+            process.answer()  # step 3
+        process.answer()  # step 4: answered, not written
+        assert not process.answered()
+        (tree / step_folder(3)).unlink()
+    written = read_tree(tree)
+    assert written.steps == [step_folder(1), step_folder(2)] and not (tree / step_folder(4)).exists()
+    assert written.step(1).unstored[name] == fast_entry(tensor.numpy())
+
+
 def test_what_the_writer_process_is_sent_needs_no_framework_to_unpickle(torch, tmp_path, monkeypatch):
     """The writer process imports no framework (torch's import alone takes seconds and hundreds of MiB): the context
     and the steps it is sent refer to no class of the framework's (torch.__version__ is one: a TorchVersion)."""
