@@ -8,7 +8,7 @@ thread sends its payload as the step ends and its digests' values once the devic
 at each step's end, and waits for them only to keep at most WRITES_AHEAD steps unwritten), and reads the answers
 that are there; a thread woken per step took the training's GIL between its kernel launches (harness.capture.api).
 
-The process is a fresh interpreter (`python -m harness.capture.step_writer`), not a fork of the training (CUDA,
+The process is a fresh interpreter (`python -P -m harness.capture.step_writer`), not a fork of the training (CUDA,
 threads) nor a spawn that would re-run the training script. It reads pickled messages on its stdin: ("open",
 folder, manifest, staging, context) once per capture, then ("step", payload) (a payload listing `digests` is
 written once ("values", its index, rows or None: the step dropped) comes), ("list",) (the manifest rewritten) and
