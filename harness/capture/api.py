@@ -288,6 +288,7 @@ class _Batch:
 
 
 _BATCHED: tuple = (None, None)  # a step's result while its batch is being made: filled by `_digest_batch`
+_UNREAD = object()  # `_submit`'s version not read by its caller (None is a version: the framework counts none)
 
 # The hooks' fast digests (module inputs, outputs and their gradients) are left to a batch digested as the step ends
 # (with the parameters' and the gradients'), instead of one launch (or compiled call) and one handle each at the hook,
@@ -594,11 +595,14 @@ class Capture:
                 self._leaves(item, f"{slot}.{j}", found, counter)
 
     def _submit(self, step: _Step, name: str, tensor: Any, path: str, fresh: bool = False,
-                batch: _Batch | None = None) -> str | None:
+                batch: _Batch | None = None, version: Any = _UNREAD) -> str | None:
         """Copy the tensor to the host and queue its hashing (digest) or its stats (kept in full); None
         (and a note in the step's meta) for a dtype or layout no dump holds. With `batch`, a fast digest is left
-        to `_digest_batch`, which the caller calls before anything else runs."""
-        full, version = self.full[path], self.adapter.tensor_version(tensor)
+        to `_digest_batch`, which the caller calls before anything else runs. `version`: the tensor's
+        (FrameworkAdapter.tensor_version), where the caller has read it."""
+        full = self.full[path]
+        if version is _UNREAD:
+            version = self.adapter.tensor_version(tensor)
         # fresh: changed by an optimizer kernel, which need not count as an in-place change (Paddle's do not)
         seen = None if fresh else step.seen.get(id(tensor))
         # recorded already (a module's output is its parent's: most of a step's tensors, checked first); one waiting
@@ -677,18 +681,18 @@ class Capture:
         batches it (FrameworkAdapter.batches), digested once it holds DEFER_BYTES."""
         version = self.adapter.tensor_version(tensor)
         if not DEFER_BYTES or name in self._eager or self.hash != "fast" or self.full[path] or version is None:
-            return self._submit(step, name, tensor, path)
+            return self._submit(step, name, tensor, path, version=version)
         nbytes = _nbytes(tensor)
         if not self.adapter.batches(tensor, nbytes):
-            return self._submit(step, name, tensor, path)
+            return self._submit(step, name, tensor, path, version=version)
         deferred = step.deferred
         if not self._steps:  # the first step: at the hook, its version watched (see DEFER_BYTES), held as deferred
             step.watched.append((name, tensor, version))
-            submitted = self._submit(step, name, tensor, path)
+            submitted = self._submit(step, name, tensor, path, version=version)
             held = True
         else:
             before = len(deferred.tensors)
-            submitted = self._submit(step, name, tensor, path, batch=deferred)
+            submitted = self._submit(step, name, tensor, path, batch=deferred, version=version)
             held = len(deferred.tensors) > before  # not recorded already, nor left out
         if held:
             deferred.nbytes += nbytes
@@ -723,9 +727,11 @@ class Capture:
             module = _module_name(path)
             for name, param, began in params:
                 digest = digest or began is None
-                if submitted := self._submit(step, param_tensor(module, "param", name), param, path, batch=step.deferred):
+                now = version(param)
+                if submitted := self._submit(step, param_tensor(module, "param", name), param, path, batch=step.deferred,
+                                             version=now):
                     names.append(submitted)
-                    if version(param) != began:
+                    if now != began:
                         step.changed.append(submitted)
         if digest:
             self._digest_batch(step)
