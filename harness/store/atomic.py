@@ -41,6 +41,7 @@ PAUSE_POINTS = ("dump-staged", "dump-exchanged", "dump-moved-aside", "golden-val
 
 
 def pause(point: str) -> None:
+    assert point in PAUSE_POINTS, point  # the tests name these
     if os.environ.get(PAUSE_ENV) != point:
         return
     marker = os.environ.get(PAUSE_MARKER_ENV)
