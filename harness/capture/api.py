@@ -999,15 +999,14 @@ class Capture:
         values cannot be fetched is dropped (the process told so), their error raised."""
         assert self._process is not None
         rows, sent.rows = sent.rows, None
+        values = None
         try:
-            values = None if self._write_failed is not None else self._fetched(sent.pending, rows())
-        except BaseException:
-            self._write_failed = sent.index
+            if self._write_failed is None:
+                with self._writing_step(sent.index):  # a fetch that fails: no later step is written
+                    values = self._fetched(sent.pending, rows())
+        finally:
             with self._writing_step(sent.index):
-                self._process.send(("values", sent.index, None))
-            raise
-        with self._writing_step(sent.index):
-            self._process.send(("values", sent.index, values))
+                self._process.send(("values", sent.index, values))
 
     def _settle_sent(self, sent: _SentStep) -> None:
         """A sent step written: its values sent, the process's answer read (its failure raised)."""
