@@ -157,7 +157,7 @@ def _run() -> None:
         first = first or plan
         handles = [triton_digest.fused_device_digest(tensor) if slot is None else slot
                    for tensor, slot in zip(tensors, slots, strict=True)]
-        groups = {id(slot.group) for slot in slots if slot is not None}
+        groups = [batch for batches in plan.devices for batch in batches]  # a launch each
         rows = adapter.fetch_digests(handles)()
         for (label, _, _), tensor, slot, row in zip(found, tensors, slots, rows, strict=True):
             array = adapter.to_numpy(tensor)  # its values now
@@ -247,6 +247,28 @@ def test_a_batch_read_in_place_has_the_segment_rows_one_by_one_would_make(dtype)
     assert list(group.rows) == list(one_by_one.rows)
     assert (group.items, group.largest) == (one_by_one.items, one_by_one.largest)
     assert tensors[group.lowest].data_ptr() == base
+
+
+def test_a_fetch_finds_each_handles_row_whatever_the_order_of_grouped_and_single_handles(torch):
+    """fetch_digests over grouped handles of two launches (triton_digest.Launched blocks, rows in any order, a
+    launch's run broken by single handles and taken up again) and single handles (a tensor of SLOTS each): each
+    handle's row is its own. On the host: the rows' bookkeeping is the GPU's, without a kernel."""
+    from harness.frameworks.torch import TorchAdapter
+    from harness.frameworks.triton_digest import GroupSlot, Launched
+    from harness.store.fast_hash import SLOTS
+
+    width = len(SLOTS)
+    cpu = torch.device("cpu")
+    blocks = [torch.arange(rows * width, dtype=torch.float64).view(rows, width) + 1000 * (k + 1)
+              for k, rows in enumerate((5, 3))]
+    launched = [Launched(block, cpu) for block in blocks]
+    single = [torch.full((width,), -1.0 - k, dtype=torch.float64) for k in range(4)]
+    order = [(0, 3), (0, 0), ("single", 0), (0, 4), (1, 2), ("single", 1), ("single", 2), (1, 0), (0, 1), (1, 1),
+             (0, 2), ("single", 3)]
+    handles = [single[row] if which == "single" else GroupSlot(launched[which], row) for which, row in order]
+    rows = TorchAdapter().fetch_digests(handles)()
+    expected = [single[row] if which == "single" else blocks[which][row] for which, row in order]
+    assert [row.tolist() for row in rows] == [row.tolist() for row in expected]
 
 
 def test_group_bytes_names_the_variable_on_bad_input(monkeypatch):
@@ -418,6 +440,47 @@ def test_batched_digest_reads_the_tensors_in_place_as_they_are_then(torch, monke
 
 
 @pytest.mark.gpu
+def test_one_fetch_of_lists_hooks_and_large_tensors_interleaved_on_a_side_stream_gives_each_its_row(torch, monkeypatch):
+    """One fetch_digests of handles of every kind interleaved: two calls of one list's plan (the second launched by
+    Triton's launchers directly, on other values), an arena group's, a large tensor's, on a side stream whose work
+    waits behind a sleep; each digest is numpy's of the values when it was started."""
+    from harness.frameworks import triton_digest
+    from harness.frameworks.torch import TorchAdapter, device_digest
+
+    if not triton_digest.importable():
+        pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
+    monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
+    monkeypatch.delenv("XFALIGN_DIGEST_GROUP_BYTES", raising=False)
+    triton_digest.forget_route()
+    adapter = TorchAdapter()
+    listed = [torch.randn(n, device="cuda").to(dtype) for n, dtype in
+              ((4096, torch.bfloat16), (333, torch.float32), (70000, torch.bfloat16), (8, torch.float32))]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        expected, pending = [], []
+        for round_ in range(2):
+            work = adapter.device_digests(listed)
+            expected += [adapter.to_numpy(tensor).copy() for tensor in listed]
+            pending += work
+            for tensor in listed:
+                tensor.mul_(-3.0)  # after its digest: the next round's values
+            hooked = torch.randn(1000 + round_, device="cuda")  # an arena's, one by one
+            large = torch.randn(5_000_000, device="cuda")
+            pending += [device_digest(hooked), device_digest(large)]
+            expected += [adapter.to_numpy(hooked).copy(), adapter.to_numpy(large).copy()]
+        assert [type(work.values) for work in pending] == [triton_digest.GroupSlot] * 5 + [torch.Tensor] + \
+            [triton_digest.GroupSlot] * 5 + [torch.Tensor]
+        order = [*range(1, len(pending), 2), *range(0, len(pending), 2)]  # interleaved otherwise than started
+        rows = adapter.fetch_digests([pending[i].values for i in order])()
+    for i, row in zip(order, rows, strict=True):
+        pending[i].settle(row)
+    for k, (array, work) in enumerate(zip(expected, pending, strict=True)):
+        _check(_expected(f"digest {k}", array, work.result()))
+
+
+@pytest.mark.gpu
 def test_tensors_at_hand_together_on_the_host_and_the_gpu_are_each_digested_where_they_live(torch, monkeypatch):
     """One TorchAdapter.device_digests call over CPU and CUDA tensors interleaved: the CUDA ones batched, the CPU
     ones digested on the host, every digest numpy's, in the order given."""
@@ -443,7 +506,7 @@ def test_tensors_at_hand_together_on_the_host_and_the_gpu_are_each_digested_wher
 @pytest.mark.gpu
 def test_arena_groups_of_the_same_sizes_launch_on_their_kept_table_and_digest_the_values_then(torch, monkeypatch):
     """Two steps copying the same sizes in the same order into the arena: the second launches on the table the first
-    made (triton_digest._kept_tables: one kept), and its digests are numpy's of the values then (the kept table's
+    made (triton_digest._kept_launch: one kept), and its digests are numpy's of the values then (the kept table's
     arrival counters were reset by the launch before)."""
     from harness.frameworks import triton_digest
     from harness.frameworks.torch import TorchAdapter, device_digest
@@ -453,7 +516,7 @@ def test_arena_groups_of_the_same_sizes_launch_on_their_kept_table_and_digest_th
         pytest.skip("triton cannot be imported: the digest kernels are Triton kernels")
     monkeypatch.delenv("XFALIGN_DIGEST_GROUP_BYTES", raising=False)
     monkeypatch.delenv("XFALIGN_FAST_DIGEST_KERNEL", raising=False)
-    monkeypatch.setattr(triton_digest, "_TABLES", {})
+    monkeypatch.setattr(triton_digest, "_LAUNCHES", {})
     tensors = [torch.randn(n, device="cuda") for n in (1000, 3, 70000)]
     for _ in range(2):
         triton_digest.forget_route()  # read at a step's first digest
@@ -464,7 +527,7 @@ def test_arena_groups_of_the_same_sizes_launch_on_their_kept_table_and_digest_th
         assert [work.result()["fast64"] for work in pending] == [fast64(tensor.cpu().numpy()) for tensor in tensors]
         for tensor in tensors:
             tensor.mul_(3.0)  # the next step's values
-    assert len(triton_digest._TABLES) == 1
+    assert len(triton_digest._LAUNCHES) == 1
 
 
 @pytest.mark.gpu

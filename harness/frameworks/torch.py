@@ -6,7 +6,6 @@ import os
 import re
 import sys
 import threading
-from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -333,16 +332,16 @@ class TorchAdapter(FrameworkAdapter):
         return (tensor.data_ptr(), name, tuple(tensor.shape)) if name in HOST_BATCHED else None
 
     def fetch_digests(self, handles: list):
-        import torch
-
         # one copy and one transfer per device for every digest of the step (the grouped ones' launches first:
         # triton_digest.launch_groups); a GPU's into pinned memory, asynchronously, done when an event recorded
         # after it on the stream the digests ran on has passed
-        triton_digest.launch_groups(handles)
         # device -> [handle indices, each one's row among the device's parts stacked, the parts (1-D, rows of SLOTS),
-        # their rows]: a grouped handle's row found per group (its batch's handles come one after another)
-        by_device: defaultdict = defaultdict(lambda: [[], [], [], 0])
-        first_rows: dict = {}  # id of a block of grouped handles (groups launched together) -> its first row
+        # their rows, whether its rows end in a run of a group's]; a grouped handle's row is its row of its group's
+        # block, plus where that block's rows start (added per run of handles of one group: a list's come one after
+        # another, as do a group's hooks' tensors)
+        by_device: dict = {}
+        state: list = []
+        runs: list = []  # (group, its device's state, where its run starts among the state's rows; None: a run's end)
         width = len(SLOTS)
         last = None  # the group of the handle before
         for index, handle in enumerate(handles):
@@ -350,33 +349,48 @@ class TorchAdapter(FrameworkAdapter):
                 group = handle.group
                 if group is not last:
                     last = group
-                    state = by_device[group.device]
-                    first = first_rows.get(id(group.block))
-                    if first is None:  # the rows of the groups launched together, one after another
-                        first = first_rows[id(group.block)] = state[3]
-                        state[2].append(group.block.view(-1))
-                        state[3] += group.block.shape[0]
-                    indices, at, row0 = state[0], state[1], first + group.row0
+                    state = by_device.get(group.device) or by_device.setdefault(group.device, [[], [], [], 0, False])
+                    indices, at = state[0], state[1]
+                    runs.append((group, state, len(at)))
+                    state[4] = True
                 indices.append(index)
-                at.append(row0 + handle.index)
+                at.append(handle.index)
             else:
                 last = None
-                state = by_device[handle.device]
+                state = by_device.get(handle.device) or by_device.setdefault(handle.device, [[], [], [], 0, False])
+                if state[4]:  # the device's run of a group's handles ends: the rows from here on are not shifted
+                    runs.append((None, state, len(state[1])))
+                    state[4] = False
                 state[0].append(index)
                 state[1].append(state[3])
                 state[2].append(handle)
                 state[3] += handle.numel() // width
-        moves: list[tuple[list[int], list[int], Any, Any]] = []
-        for device, (indices, rows_at, parts, total) in by_device.items():
-            stacked = (torch.cat(parts) if len(parts) > 1 else parts[0]).view(total, width)
+        triton_digest.launch_groups([group for group, _, _ in runs if group is not None])
+        first_rows: dict = {}  # id of a block (groups launched together) -> its first row among its device's parts
+        shifts: dict = {}  # id of a device's state -> [(where a run starts, its rows' shift)]
+        for group, state, start in runs:
+            if group is None:
+                shifts[id(state)].append((start, 0))
+                continue
+            block = group.block
+            first = first_rows.get(id(block))
+            if first is None:
+                first = first_rows[id(block)] = state[3]
+                state[2].append(block.view(-1))
+                state[3] += block.shape[0]
+            shifts.setdefault(id(state), []).append((start, first + group.row0))
+        moves: list[tuple[list[int], Any, Any, Any]] = []
+        for device, state in by_device.items():
+            indices, rows_at, parts, total, _ = state
+            if id(state) in shifts:
+                rows_at = _shifted(rows_at, shifts[id(state)])
+            stacked = _stacked(parts, total, width)
             if device.type != "cuda":
-                moves.append((indices, rows_at, stacked, None))
+                moves.append((indices, rows_at, stacked.numpy(), None))
                 continue
             pinned = _pinned_block(device, stacked.numel())
-            host = pinned.host[:stacked.numel()].view(stacked.shape)
-            host.copy_(stacked, non_blocking=True)
-            pinned.done.record(torch.cuda.current_stream(device))
-            moves.append((indices, rows_at, host, pinned))
+            _copy_to_host(pinned, stacked, device)
+            moves.append((indices, rows_at, pinned.array[:stacked.numel()].reshape(total, width), pinned))
         return _FetchedRows(len(handles), moves)
 
     def optimizer_probe(self, optimizer):
@@ -467,12 +481,13 @@ class _PinnedBlock:
     """A fetch's pinned host memory (`host`, float64), the event recorded after its transfer (`done`), and whether a
     fetch holds it until its rows are read (`taken`)."""
 
-    __slots__ = ("host", "done", "taken")
+    __slots__ = ("host", "array", "address", "done", "taken")
 
     def __init__(self, count: int):
         import torch
 
         self.host = torch.empty(count, dtype=torch.float64, pin_memory=True)
+        self.array, self.address = self.host.numpy(), self.host.data_ptr()
         self.done = torch.cuda.Event(blocking=True)  # its waiter sleeps: a spin would burn a core for the whole step
         self.taken = True
 
@@ -496,6 +511,48 @@ def _pinned_block(device, count: int) -> _PinnedBlock:
         return block
 
 
+def _shifted(rows: list[int], shifts: list[tuple[int, int]]) -> np.ndarray:
+    """`rows` with each run's shift added from where it starts on (until the next run's start)."""
+    found = np.array(rows, dtype=np.int64)
+    for (start, shift), (end, _) in zip(shifts, [*shifts[1:], (len(rows), 0)], strict=True):
+        found[start:end] += shift
+    return found
+
+
+def _stacked(parts: list, total: int, width: int):
+    """The device's parts (1-D float64) one after another, as [total, width] (no copy for one part)."""
+    import torch
+
+    return (torch.cat(parts) if len(parts) > 1 else parts[0]).view(total, width)
+
+
+def _copy_to_host(pinned: _PinnedBlock, stacked, device) -> None:
+    """Start moving `stacked` (contiguous float64 on `device`) to the start of `pinned`, in the current stream, and
+    record `pinned.done` after it: by cudaMemcpyAsync itself where `device` is the current one (torch's copy_ and
+    current_stream cost tens of microseconds of CPU per step), else by torch's copy."""
+    import torch
+
+    memcpy, index = triton_digest._memcpy(), device.index
+    cuda = triton_digest._CUDA_CALLS or triton_digest._cuda_calls()
+    if memcpy is not None and stacked.is_contiguous() and cuda[0]() == index:
+        raw = cuda[1](index)
+        error = memcpy(pinned.address, stacked.data_ptr(), stacked.numel() * 8, 2, raw)  # D2H
+        if error:
+            raise RuntimeError(f"cudaMemcpyAsync of the digests to the host: error {error}")
+        stream = _STREAMS.get((index, raw))
+        if stream is None:
+            if len(_STREAMS) >= 64:
+                _STREAMS.clear()
+            stream = _STREAMS[(index, raw)] = torch.cuda.current_stream(device)
+    else:
+        pinned.host[:stacked.numel()].view(stacked.shape).copy_(stacked, non_blocking=True)
+        stream = torch.cuda.current_stream(device)
+    pinned.done.record(stream)
+
+
+_STREAMS: dict[tuple[int, int], Any] = {}  # (device index, raw stream) -> torch's Stream of it (`_copy_to_host`)
+
+
 class _FetchedRows:
     """fetch_digests' function: the rows once moved (waiting for the transfers), read once (the pinned blocks may be
     another fetch's since); `ready`: whether they are moved (no wait)."""
@@ -513,7 +570,7 @@ class _FetchedRows:
             for indices, rows_at, host, pinned in self.moves:
                 if pinned is not None:
                     pinned.done.synchronize()
-                values[indices] = host.numpy()[rows_at]
+                values[indices] = host[rows_at]
                 if pinned is not None:
                     pinned.taken = False  # read: the next fetch may fill it
             self.read, self.moves = values, []

@@ -6,23 +6,24 @@ one device, stream and dtype read where they are by one launch of `grouped_diges
 A training step hands over lists of the same make every step (parameters, gradients, optimizer states: the same
 dtypes and shapes; the same tensors, or new ones such as gradients made by each backward pass). So what a list
 makes (which tensors are grouped, by dtype; which need a contiguous copy, into buffers it keeps) is kept as a
-`Plan`, keyed by each tensor's dtype, shape and contiguity (and the stream, and the settings its tables depend
+`Plan`, keyed by each tensor's dtype, shape, contiguity and device (and the stream, and the settings its tables depend
 on), and used again while the next list matches: per call that leaves a tuple and an address per tensor, the
-copies, one launch per dtype and the handles. The groups' tables hold the tensors' places: those made for the
-addresses of a call are kept (the last TABLES per plan and device) and launched again as they are when the same
-addresses come again (the kernel resets each segment's arrival counter once done); other addresses make new ones
-(one transfer). A list that does not match makes a new plan (the last PLANS are kept)."""
+copies, one launch per dtype (Triton's launcher called at once: triton_digest.GroupsLaunch) and a handle per
+tensor. The groups' tables hold the tensors' places: a device's launch made for the addresses of a call is kept
+(the last TABLES per plan and device) and launched again as it is when the same addresses come again (the kernel
+resets each segment's arrival counter once done); other addresses make a new one (its tables: one transfer). A
+list that does not match makes a new plan (the last PLANS are kept)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from harness.frameworks import triton_digest
-from harness.frameworks.triton_digest import _ALIGN, Group, GroupSlot
+from harness.frameworks.triton_digest import _ALIGN, Group, GroupsLaunch, GroupSlot, Launched
 
 PLANS = 16  # plans kept (a capture hands over a few lists per step: parameters, gradients, states)
 TABLES = 4  # tables kept per plan and device, for the addresses they were made for
-_PLANS: dict[tuple, Plan] = {}  # (tensors, the first one's key) -> its plan, oldest first
+_PLANS: dict[tuple, Plan] = {}  # per tensor of a list its dtype, shape, contiguity and device -> its plan, oldest first
 _DTYPE_FACTS: dict[Any, tuple[tuple[int, bool, bool] | None, int]] = {}  # torch dtype -> (its _layout, element bytes)
 # lists digested together (calls of batched_device_digests with tensors), plans made, tables made (per device and set
 # of addresses): what scripts/bench_capture.py reports, to tell whether a training's lists reuse their plans
@@ -43,27 +44,31 @@ class Batch:
 
 
 class Plan:
-    """A list of tensors' batches (per device), launched on each list that has its `key`, and per device the groups
-    and tables made for the addresses seen last (TABLES of them: a capture's parameters and gradients share a plan).
+    """A list of tensors' batches (per device), launched on each list that has its key (the dtypes, shapes,
+    contiguity and devices of its tensors: the key `_PLANS` finds it by), and per device the launches made for the addresses
+    seen last (TABLES of them: a capture's parameters and gradients share a plan).
     facts: whatever the caller keeps per tensor with it (valid as long as the key matches), set by the caller."""
 
-    def __init__(self, key: list[tuple], settings: tuple, streams: list[tuple[int, int]]):
-        self.key, self.settings, self.streams = key, settings, streams
+    def __init__(self, settings: tuple, streams: list[tuple[int, int]]):
+        self.settings, self.streams = settings, streams
         self.devices: list[list[Batch]] = []  # the batches of each device
         self.live: list[list[int]] = []  # per device: the indices of the tensors its batches read in place, in order
-        # per device: those tensors' addresses -> their groups (not launched, holding no tensor of the caller's),
-        # each group's table and what its lowest member is (the tensor's index, or the buffer it is copied into)
-        self.made: list[dict[tuple[int, ...], tuple[list[Group], list, list[tuple[int, Any]]]]] = []
+        # per device: the indices of the tensors its batches read, and each one's row of the launch's block
+        self.rows: list[tuple[list[int], list[int]]] = []
+        # per device: those tensors' addresses -> the launch of its groups placed there (triton_digest.GroupsLaunch:
+        # holds no tensor of the caller's) and what each group's lowest member is (the tensor's index, or the buffer
+        # it is copied into)
+        self.made: list[dict[tuple[int, ...], tuple[GroupsLaunch, list[tuple[int, Any]]]]] = []
         self.copied: list[int] = []  # the indices of the tensors copied each call, and the buffers they go into
         self.buffers: list[Any] = []
         self.facts: list | None = None
 
-    def matches(self, key: list[tuple], settings: tuple) -> bool:
-        return self.key == key and self.settings == settings and all(
-            triton_digest.raw_stream(index) == stream for index, stream in self.streams)
+    def matches(self, settings: tuple) -> bool:
+        return self.settings == settings and all(triton_digest.raw_stream(index) == stream
+                                                 for index, stream in self.streams)
 
     def launch(self, tensors) -> list[GroupSlot | None] | None:
-        """The contiguous copies, then each batch's launch on these tensors (whose key is the plan's); the handles.
+        """The contiguous copies, then each device's launch on these tensors (whose key is the plan's); the handles.
         None, launching nothing, where a tensor read in place does not start on a 16-byte boundary."""
         import torch
 
@@ -72,31 +77,27 @@ class Plan:
             addresses = tuple([tensors[i].data_ptr() for i in live])
             kept = made.pop(addresses, None)  # put back last: the least recently used goes first
             if kept is None:
-                kept = self._tables(batches, tensors)
+                kept = self._launch(batches, tensors)
                 if kept is None:
                     return None
                 COUNTS["tables"] += 1
                 if len(made) >= TABLES:
                     del made[next(iter(made))]
             made[addresses] = kept
-            launches.append((batches, kept))
-        if self.copied:
-            with torch.no_grad():  # a copy from a tensor that requires grad would put the buffer into the graph
-                torch._foreach_copy_(self.buffers, [tensors[i] for i in self.copied])
+            launches.append(kept)
+        if self.copied:  # detached: a copy from a tensor that requires grad would put the buffer into the graph
+            torch._foreach_copy_(self.buffers, [tensors[i].detach() for i in self.copied])
         found: list[GroupSlot | None] = [None] * len(tensors)
-        for batches, (groups, tables, lowest) in launches:
-            fresh = [group.fresh(tensors[i].detach() if buffer is None else buffer)
-                     for group, (i, buffer) in zip(groups, lowest, strict=True)]
-            for group, batch in zip(fresh, batches, strict=True):
-                for segment, index in enumerate(batch.indices):
-                    found[index] = GroupSlot(group, segment)
-            triton_digest.launch_on_device(fresh, tables)
+        for (launch, lowest), (indices, rows) in zip(launches, self.rows, strict=True):
+            launched = Launched(launch([tensors[i] if buffer is None else buffer for i, buffer in lowest]), launch.device)
+            for index, row in zip(indices, rows, strict=True):
+                found[index] = GroupSlot(launched, row)
         return found
 
     @staticmethod
-    def _tables(batches: list[Batch], tensors) -> tuple[list[Group], list, list[tuple[int, Any]]] | None:
-        """The groups of a device's batches placed at the addresses of `tensors` (and the buffers), their tables, and
-        what each one's lowest member is; None where a tensor read in place does not start on a 16-byte boundary."""
+    def _launch(batches: list[Batch], tensors) -> tuple[GroupsLaunch, list[tuple[int, Any]]] | None:
+        """The launch of a device's batches' groups placed at the addresses of `tensors` (and the buffers), and what
+        each group's lowest member is; None where a tensor read in place does not start on a 16-byte boundary."""
         groups, lowest = [], []
         for batch in batches:
             group = batch.group.placed([tensor.data_ptr() for tensor in batch.reads(tensors)])
@@ -104,7 +105,7 @@ class Plan:
                 return None
             groups.append(group)
             lowest.append((batch.indices[group.lowest], batch.buffers[group.lowest]))
-        return groups, triton_digest.group_tables(groups), lowest
+        return GroupsLaunch(groups, triton_digest.group_tables(groups)), lowest
 
 
 def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan | None]:
@@ -118,13 +119,12 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
     if not tensors:
         return [], None
     COUNTS["lists"] += 1
-    key = [(tensor.dtype, tensor.shape, tensor.is_contiguous()) for tensor in tensors]
+    # the whole list's key: a step hands over several lists (the forward pass's, the backward pass's, the optimizer's)
+    key = tuple([(tensor.dtype, tensor.shape, tensor.is_contiguous(), tensor.get_device()) for tensor in tensors])
     # what a plan's tables depend on besides its tensors: the largest grouped tensor, a program's tiles
     settings = (triton_digest.route()[2], triton_digest.ITEM_TILES, triton_digest.WARPS)
-    # the whole key: a step hands over several lists (the forward pass's, the backward pass's, the optimizer's)
-    name = tuple(key)
-    kept = _PLANS.pop(name, None)  # put back last: the least recently used goes first
-    found = kept.launch(tensors) if kept is not None and kept.matches(key, settings) else None
+    kept = _PLANS.pop(key, None)  # put back last: the least recently used goes first
+    found = kept.launch(tensors) if kept is not None and kept.matches(settings) else None
     if kept is not None and found is not None:
         plan = kept
     else:
@@ -134,11 +134,11 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
             del _PLANS[next(iter(_PLANS))]
         found = plan.launch(tensors)
         assert found is not None  # its tensors read in place start on 16-byte boundaries
-    _PLANS[name] = plan
+    _PLANS[key] = plan
     return found, plan
 
 
-def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
+def _plan(tensors: list, key: tuple, settings: tuple) -> Plan:
     import torch
 
     limit = settings[0]
@@ -146,7 +146,7 @@ def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
     batches: dict[tuple, tuple[tuple[int, bool, bool], Any, list[tuple[int, int, Any]]]] = {}
     streams: dict[int, int] = {}  # device index -> its current raw stream
     copies = []
-    for i, (tensor, (dtype, _, contiguous)) in enumerate(zip(tensors, key, strict=True)):
+    for i, (tensor, (dtype, _, contiguous, index)) in enumerate(zip(tensors, key, strict=True)):
         layout, width = _DTYPE_FACTS.get(dtype) or _dtype_facts(tensor)
         n = tensor.numel()
         if layout is None or not n or n * width > limit:
@@ -157,11 +157,10 @@ def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
             if buffer.data_ptr() % _ALIGN:
                 continue
             copies.append((i, buffer))
-        index = tensor.get_device()
         if index not in streams:
             streams[index] = triton_digest.raw_stream(index)
         batches.setdefault((index, streams[index], dtype), (layout, tensor, []))[2].append((i, n, buffer))
-    plan = Plan(key, settings, [(index, stream) for index, stream in streams.items() if index >= 0])
+    plan = Plan(settings, [(index, stream) for index, stream in streams.items() if index >= 0])
     plan.copied, plan.buffers = [i for i, _ in copies], [buffer for _, buffer in copies]
     by_device: dict[int, list[Batch]] = {}
     for batch_key, (layout, tensor, members) in batches.items():
@@ -170,6 +169,8 @@ def _plan(tensors: list, key: list[tuple], settings: tuple) -> Plan:
         by_device.setdefault(batch_key[0], []).append(Batch(group, list(indices), list(buffers)))
     plan.devices = list(by_device.values())
     plan.live = [[i for batch in batches for i, buffer in zip(batch.indices, batch.buffers, strict=True) if buffer is None]
+                 for batches in plan.devices]
+    plan.rows = [([i for batch in batches for i in batch.indices], list(range(sum(len(batch.indices) for batch in batches))))
                  for batches in plan.devices]
     plan.made = [{} for _ in plan.devices]
     return plan

@@ -474,12 +474,22 @@ class GroupSlot:
 
     __slots__ = ("group", "index")
 
-    def __init__(self, group: Group, index: int):
+    def __init__(self, group: Group | Launched, index: int):
         self.group, self.index = group, index
 
     @property
     def device(self):
         return self.group.device
+
+
+class Launched:
+    """A batch plan's groups of one device as one call launched them (triton_batch), as a GroupSlot's `group`: its
+    handles' `block`, from row 0 on."""
+
+    __slots__ = ("block", "device", "row0")
+
+    def __init__(self, block, device):
+        self.block, self.device, self.row0 = block, device, 0
 
 
 class Group:
@@ -592,59 +602,112 @@ class Group:
         segment.copy_(tensor.detach() if tensor.requires_grad else tensor)
 
 
-def launch_on_device(groups: list[Group], tables: list | None = None) -> None:
-    """`grouped_digest` over each group's segments (groups of one device), in the current stream (after the
-    copies' stream, where another): each group's table (`group_tables`, unless given: a batch plan keeps them; on
-    a GPU those of arena groups are kept too, `_kept_tables`), one buffer for their handles (rows one after
-    another, `block`) and partial rows; no zeroing (each segment's last program resets its arrival counter)."""
+def launch_on_device(groups: list[Group]) -> None:
+    """`grouped_digest` over each arena group's segments (groups of one device), in the current stream (after the
+    copies' stream, where another), by a `GroupsLaunch` (on a GPU one kept for groups of the same keys and rows:
+    `_kept_launch`); each group's handles rows row0.. of the launch's `block`."""
     import torch
 
-    device = groups[0].device
     if groups[0].cuda:
         current = torch._C._cuda_getCurrentRawStream(groups[0].index)
         for group in groups:
             if group.stream is not None and group.raw_stream != current:  # the copies ran on the group's stream
-                stream = torch.cuda.current_stream(device)
+                stream = torch.cuda.current_stream(group.device)
                 stream.wait_stream(group.stream)
                 group.arena.record_stream(stream)
-        if tables is None:
-            tables = _kept_tables(groups, current)
-    if tables is None:
-        tables = group_tables(groups)
-    segments = [len(group.rows) // 4 for group in groups]
-    rows = sum(segments)
-    partials = [-(-7 * group.items // 2) * 2 for group in groups]
-    work = torch.empty(8 * rows + sum(partials), dtype=torch.float64, device=device)
-    block = work[:8 * rows].view(rows, 8)
-    kernel = _kernels()["grouped"]
-    weights = device_table(device, "W", fast_hash.BLOCK)
+        launch = _kept_launch(groups, current)
+    else:
+        launch = GroupsLaunch(groups, group_tables(groups))
+    block = launch([group.arena for group in groups])
     row = 0
-    parts = 8 * rows
-    for group, table, count, partial in zip(groups, tables, segments, partials, strict=True):
-        factors = device_table(device, "V", fast_hash.blocks_of(group.largest))
-        triton_launch.launch(kernel, group.items, (group.arena, table, weights, factors, work[8 * row:], work[parts:],
-                                                   count, group.items), _grouped_meta(group.arena.dtype, group.width, group.layout))
+    for group in groups:
         group.block, group.row0 = block, row
         group.arena = None  # back to torch's allocator (reused, in stream order, by the next step's arena)
-        row += count
-        parts += partial
+        row += len(group.rows) // 4
 
 
-KEPT_TABLES = 16  # arena groups' tables kept (`_kept_tables`)
-_TABLES: dict[tuple, list] = {}  # (stream, per group its key and rows) -> the groups' tables on their device
+class GroupsLaunch:
+    """`grouped_digest` over a device's groups, launched together on their arenas (a call): each group's table, one
+    buffer for their handles (rows one after another: the `block` a call returns) and partial rows; no zeroing (each
+    segment's last program resets its arrival counter). What a call needs but the arenas is worked out once: a batch
+    plan (triton_batch) keeps one per set of addresses, `_kept_launch` one per arena layout, and each is called every
+    step. After the first call, where triton_launch allows, each group's launch is Triton's launcher called at once
+    (`triton_launch.launcher`): its arguments are the same every call but the arena's and the buffer's addresses,
+    and so is their specialization while those start on 16-byte boundaries (checked per call)."""
+
+    def __init__(self, groups: list[Group], tables: list):
+        first = groups[0]
+        self.device, self.index, self.cuda = first.device, first.index, first.cuda
+        self.rows = sum(len(group.rows) // 4 for group in groups)
+        weights = device_table(self.device, "W", fast_hash.BLOCK)
+        # per group: its programs, table, W, V, first handle row and first partial row (float64 offsets in the
+        # buffer), segments, and the kernel's constexprs
+        self.calls: list[tuple] = []
+        row, parts = 0, 8 * self.rows
+        for group, table in zip(groups, tables, strict=True):
+            count = len(group.rows) // 4
+            factors = device_table(self.device, "V", fast_hash.blocks_of(group.largest))
+            self.calls.append((group.items, table, weights, factors, 8 * row, parts, count,
+                               _grouped_meta(group.key[2], group.width, group.layout)))
+            row += count
+            parts += -(-7 * group.items // 2) * 2
+        self.size = parts
+        self.direct: list[tuple] | None = None  # per group: Triton's launcher and its fixed arguments (addresses)
+
+    def __call__(self, arenas: list) -> Any:
+        """Launch on `arenas` (a tensor per group, in group order) in the current stream; the handles' block,
+        [rows, 8] float64."""
+        import torch
+
+        work = torch.empty(self.size, dtype=torch.float64, device=self.device)
+        direct = self.direct
+        if direct is not None and triton_launch.direct_on(self.index):
+            base = work.data_ptr()
+            addresses = [arena.data_ptr() for arena in arenas]
+            if not base % _ALIGN and not any(address % _ALIGN for address in addresses):
+                stream = raw_stream(self.index)
+                for (run, function, packed, constants, programs, fixed, row, parts, count), address in zip(
+                        direct, addresses, strict=True):
+                    run(programs, 1, 1, stream, function, packed, None, None, None, address, *fixed, base + 8 * row,
+                        base + 8 * parts, count, programs, *constants)
+                return work[:8 * self.rows].view(self.rows, 8)
+        kernel = _kernels()["grouped"]
+        launched = []
+        for (programs, table, weights, factors, row, parts, count, meta), arena in zip(self.calls, arenas, strict=True):
+            args = (arena, table, weights, factors, work[row:], work[parts:], count, programs)
+            triton_launch.launch(kernel, programs, args, meta)
+            launched.append(args)
+        if direct is None and self.cuda and triton_launch.direct_on(self.index) and \
+                not any(arg.data_ptr() % _ALIGN for args in launched for arg in args[:6]):
+            kept = []
+            for args, (programs, table, weights, factors, row, parts, count, meta) in zip(launched, self.calls, strict=True):
+                launcher = triton_launch.launcher(kernel, args, meta)
+                if launcher is None:
+                    break
+                # the tables by address (kept alive by self.calls)
+                kept.append((*launcher, programs, (table.data_ptr(), weights.data_ptr(), factors.data_ptr()), row,
+                             parts, count))
+            else:
+                self.direct = kept
+        return work[:8 * self.rows].view(self.rows, 8)
 
 
-def _kept_tables(groups: list[Group], stream: int) -> list:
-    """The tables of arena groups launched on `stream`, kept for groups of the same keys and rows (a training's steps
-    copy the same sizes in the same order every step): no pinned block and transfer per step. A kept table is launched
-    again in the same stream only (its arrival counters, reset by the launch that used them, are then zero)."""
+KEPT_LAUNCHES = 16  # arena groups' launches kept (`_kept_launch`)
+_LAUNCHES: dict[tuple, GroupsLaunch] = {}  # (stream, per group its key and rows) -> their launch
+
+
+def _kept_launch(groups: list[Group], stream: int) -> GroupsLaunch:
+    """The launch of arena groups on `stream`, kept for groups of the same keys and rows (a training's steps copy
+    the same sizes in the same order every step): no pinned block and transfer of tables per step. A kept table is
+    launched again in the same stream only (its arrival counters, reset by the launch that used them, are then
+    zero)."""
     key = (stream, *[(group.key, group.rows.tobytes()) for group in groups])
-    tables = _TABLES.get(key)
-    if tables is None:
-        if len(_TABLES) >= KEPT_TABLES:
-            del _TABLES[next(iter(_TABLES))]
-        tables = _TABLES[key] = group_tables(groups)
-    return tables
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        if len(_LAUNCHES) >= KEPT_LAUNCHES:
+            del _LAUNCHES[next(iter(_LAUNCHES))]
+        launch = _LAUNCHES[key] = GroupsLaunch(groups, group_tables(groups))
+    return launch
 
 
 def _table_sizes(segments: list[int]) -> list[int]:
@@ -729,15 +792,13 @@ def _cuda_calls() -> list:
     return _CUDA_CALLS
 
 
-def launch_groups(handles: list) -> None:
-    """Launch the groups of the grouped handles among `handles` not launched yet (before their values are read),
-    those of a device together (`launch_on_device`); and forget the step's `route`."""
+def launch_groups(groups: list[Group | Launched]) -> None:
+    """Launch those of `groups` (the groups of a fetch's grouped handles) not launched yet, those of a device
+    together (`launch_on_device`); and forget the step's `route`."""
     _ROUTE.clear()
-    waiting: dict[int, Group] = {}
-    for handle in handles:
-        if type(handle) is GroupSlot and handle.group.block is None:
-            waiting[id(handle.group)] = handle.group
-    for group in waiting.values():
-        if _OPEN.get(group.key) is group:
-            del _OPEN[group.key]
-    _launch_by_device(list(waiting.values()))
+    waiting = {id(group): group for group in groups if type(group) is Group and group.block is None}
+    for open_group in waiting.values():
+        if _OPEN.get(open_group.key) is open_group:
+            del _OPEN[open_group.key]
+    if waiting:
+        _launch_by_device(list(waiting.values()))
