@@ -441,10 +441,10 @@ def test_batched_digest_reads_the_tensors_in_place_as_they_are_then(torch, monke
 
 @pytest.mark.gpu
 def test_one_fetch_of_lists_hooks_and_large_tensors_interleaved_on_a_side_stream_gives_each_its_row(torch, monkeypatch):
-    """One fetch_digests of handles of every kind interleaved: two calls of one list's plan (the second launched by
-    Triton's launchers directly, on other values), an arena group's, a large tensor's, on a side stream whose work
-    waits behind a sleep; each digest is numpy's of the values when it was started."""
-    from harness.frameworks import triton_digest
+    """One fetch_digests of handles of every kind interleaved: three calls of one list's plan (the later ones by
+    Triton's launchers called at once, on other values), an arena group's, a large tensor's, on a side stream whose
+    work waits behind a sleep; each digest is numpy's of the values when it was started."""
+    from harness.frameworks import triton_batch, triton_digest
     from harness.frameworks.torch import TorchAdapter, device_digest
 
     if not triton_digest.importable():
@@ -460,7 +460,7 @@ def test_one_fetch_of_lists_hooks_and_large_tensors_interleaved_on_a_side_stream
     with torch.cuda.stream(side):
         torch.cuda._sleep(20_000_000)
         expected, pending = [], []
-        for round_ in range(2):
+        for round_ in range(3):
             work = adapter.device_digests(listed)
             expected += [adapter.to_numpy(tensor).copy() for tensor in listed]
             pending += work
@@ -470,8 +470,9 @@ def test_one_fetch_of_lists_hooks_and_large_tensors_interleaved_on_a_side_stream
             large = torch.randn(5_000_000, device="cuda")
             pending += [device_digest(hooked), device_digest(large)]
             expected += [adapter.to_numpy(hooked).copy(), adapter.to_numpy(large).copy()]
-        assert [type(work.values) for work in pending] == [triton_digest.GroupSlot] * 5 + [torch.Tensor] + \
-            [triton_digest.GroupSlot] * 5 + [torch.Tensor]
+        assert [type(work.values) for work in pending] == ([triton_digest.GroupSlot] * 5 + [torch.Tensor]) * 3
+        plan = list(triton_batch._PLANS.values())[-1]  # the list's, the last used
+        assert all(launch.direct is not None for made in plan.made for launch, _ in made.values())
         order = [*range(1, len(pending), 2), *range(0, len(pending), 2)]  # interleaved otherwise than started
         rows = adapter.fetch_digests([pending[i].values for i in order])()
     for i, row in zip(order, rows, strict=True):

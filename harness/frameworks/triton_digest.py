@@ -631,9 +631,10 @@ class GroupsLaunch:
     buffer for their handles (rows one after another: the `block` a call returns) and partial rows; no zeroing (each
     segment's last program resets its arrival counter). What a call needs but the arenas is worked out once: a batch
     plan (triton_batch) keeps one per set of addresses, `_kept_launch` one per arena layout, and each is called every
-    step. After the first call, where triton_launch allows, each group's launch is Triton's launcher called at once
-    (`triton_launch.launcher`): its arguments are the same every call but the arena's and the buffer's addresses,
-    and so is their specialization while those start on 16-byte boundaries (checked per call)."""
+    step. Once its launches have gone through triton_launch's direct path (`triton_launch.launch_kept`: from the
+    second call of a specialization in the process), each group's launch is that launcher called at once: its
+    arguments are the same every call but the arena's and the buffer's addresses, and so is their specialization
+    while those start on 16-byte boundaries (checked per call)."""
 
     def __init__(self, groups: list[Group], tables: list):
         first = groups[0]
@@ -672,23 +673,18 @@ class GroupsLaunch:
                         base + 8 * parts, count, programs, *constants)
                 return work[:8 * self.rows].view(self.rows, 8)
         kernel = _kernels()["grouped"]
-        launched = []
+        kept: list[tuple] = []
         for (programs, table, weights, factors, row, parts, count, meta), arena in zip(self.calls, arenas, strict=True):
-            args = (arena, table, weights, factors, work[row:], work[parts:], count, programs)
-            triton_launch.launch(kernel, programs, args, meta)
-            launched.append(args)
-        if direct is None and self.cuda and triton_launch.direct_on(self.index) and \
-                not any(arg.data_ptr() % _ALIGN for args in launched for arg in args[:6]):
-            kept = []
-            for args, (programs, table, weights, factors, row, parts, count, meta) in zip(launched, self.calls, strict=True):
-                launcher = triton_launch.launcher(kernel, args, meta)
-                if launcher is None:
-                    break
-                # the tables by address (kept alive by self.calls)
+            launcher = triton_launch.launch_kept(kernel, programs, (arena, table, weights, factors, work[row:],
+                                                                    work[parts:], count, programs), meta)
+            if launcher is not None:  # the tables by address (kept alive by self.calls)
                 kept.append((*launcher, programs, (table.data_ptr(), weights.data_ptr(), factors.data_ptr()), row,
                              parts, count))
-            else:
-                self.direct = kept
+        # the launchers kept where every launch was direct, on this device, from aligned addresses (as the direct
+        # launches above check)
+        if len(kept) == len(self.calls) and triton_launch.direct_on(self.index) and not work.data_ptr() % _ALIGN and \
+                not any(arena.data_ptr() % _ALIGN for arena in arenas):
+            self.direct = kept
         return work[:8 * self.rows].view(self.rows, 8)
 
 

@@ -31,6 +31,18 @@ _CALLS: list[Any] = []  # torch's current device and current raw stream, and Tri
 
 def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
     """kernel[(programs,)](*args, **meta), its arguments tensors and integers; Triton's compiled kernel."""
+    return _launch(kernel, programs, args, meta)[0]
+
+
+def launch_kept(kernel, programs: int, args: tuple, meta: dict) -> tuple | None:
+    """`launch`, then what `launcher` gives for these arguments (None where this launch was Triton's own): for a
+    caller that keeps the launcher of a launch it makes again, without looking it up a second time."""
+    compiled, found = _launch(kernel, programs, args, meta)
+    return None if found is None else found[:4]
+
+
+def _launch(kernel, programs: int, args: tuple, meta: dict) -> tuple[Any, tuple | None]:
+    """`launch`; and the _FAST entry it called (None: the launch was Triton's own)."""
     if not _CALLS:
         _setup()
     addresses: list = []
@@ -41,10 +53,10 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
         compiled = kernel[(programs,)](*args, **meta)
         if found is None and _DIRECT[0]:
             _remember(key, kernel, compiled, len(args), meta)
-        return compiled
+        return compiled, None
     run, function, packed, constants, compiled = found
     run(programs, 1, 1, _CALLS[1](key[1]), function, packed, None, None, None, *addresses, *constants)
-    return compiled
+    return compiled, found
 
 
 def _key(kernel, args: tuple, meta: dict, addresses: list | None = None) -> tuple:
