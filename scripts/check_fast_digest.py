@@ -16,17 +16,26 @@ each step, as for new gradients, and with a new plan each step, as for tensors n
 the time of one digest of a large bf16 tensor per path, with --sweep the time of the default kernel under other
 tile and grid settings (ROWS, WARPS, PROGRAMS_PER_SM; each also checked bit for bit), then "ALL EQUAL" (exit 0)
 or the differences (exit 1; also when a Triton path is asked for and triton cannot be imported).
+--turns N runs the check N times, a process each, and then sums up each way's host cost per tensor over the turns;
+--baseline DIR also runs it, taking turns (the baseline first), on the harness of the checkout at DIR (this script,
+that harness first on PYTHONPATH: e.g. `git worktree add DIR REV`), then per turn this code's median over the
+baseline's: the host's speed drifts between calls, and within one, by more than a change to this path saves.
 
     python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths grouped fused torch] [--steps 20] [--sweep]
+                                         [--turns N] [--baseline DIR] [--figures FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -37,6 +46,7 @@ from harness.frameworks.torch import TorchAdapter, device_digest
 from harness.store.fast_hash import BLOCK, fast64, stats_mismatches
 from harness.store.stats import tensor_stats
 
+HERE = Path(__file__).resolve().parent.parent  # this checkout, whose harness --turns and --baseline check
 # path -> (XFALIGN_FAST_DIGEST_KERNEL, XFALIGN_DIGEST_GROUP_BYTES; None: unset, the default)
 PATHS = {"grouped": ("auto", None), "fused": ("auto", "0"), "torch": ("torch", "0")}
 # the step of small tensors whose CPU cost is measured: (count, dtype, shape, transposed), 100 tensors, ~16 MiB
@@ -220,7 +230,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="steps of STEP timed per path (CPU cost per tensor)")
     parser.add_argument("--sweep", action="store_true",
                         help="on cuda, also time the default fused kernel under the settings of SWEEP")
+    parser.add_argument("--turns", type=int, default=1, help="checks run, a process each, then summed up")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout whose harness is checked too, taking turns; then this code over it per turn")
+    parser.add_argument("--figures", type=Path, help="write the host costs per way to this JSON file")
     args = parser.parse_args()
+    if args.turns < 1:
+        parser.error(f"--turns {args.turns}: at least 1")
+    if args.baseline is not None and not (args.baseline / "harness" / "__init__.py").is_file():
+        parser.error(f"--baseline {args.baseline}: no harness/ there (a checkout of xfalign, e.g. made by `git worktree add`)")
+    if args.turns > 1 or args.baseline is not None:
+        return take_turns(sys.argv[1:], args.turns, args.baseline)
     device = args.device
     paths = args.paths or (list(PATHS) if device == "cuda" else ["torch"])
     adapter = TorchAdapter()
@@ -275,6 +295,9 @@ def main() -> int:
                                                       adapter, args.steps, together=how != "each",
                                                       replan=how == "together, new plan"), strict=True):
                     kept.extend(found)
+        if args.figures is not None:
+            args.figures.write_text(json.dumps({f"path {path}, {way}": {"host": host, "digesting": digesting, "gpu": gpu}
+                                                for (path, way), (host, digesting, gpu) in costs.items()}))
         for (path, way), (host, digesting, gpu) in costs.items():
             how = "device_digest each + fetch_digests; device_digest" if way == "each" else \
                 "device_digests of all + fetch_digests; device_digests"
@@ -301,6 +324,59 @@ def main() -> int:
     print(f"torch {torch.__version__} on {where}, paths {' '.join(paths)}: " +
           ("ALL EQUAL" if not differences else f"{differences} of {checked} DIFFER (or a path not available)"))
     return 1 if differences else 0
+
+
+def take_turns(argv: list[str], turns: int, baseline: Path | None) -> int:
+    """Run the check `turns` times (and as many on `baseline`'s harness, the two taking turns, the baseline first), a
+    process each, their output as it comes; then `turn_summary`. 1 where a check found differences."""
+    worst = 0
+    found: list[dict] = []
+    based: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for turn in range(turns):
+            for into, root in [(based, baseline), (found, HERE)] if baseline is not None else [(found, HERE)]:
+                print(f"turn {turn + 1} of {turns}" + ("" if baseline is None else
+                                                        ", the baseline" if into is based else ", this code") + ":", flush=True)
+                figures = Path(tmp) / f"turn-{turn}-{'base' if into is based else 'new'}.json"
+                command, environment = turn_command(argv, figures, root)
+                worst = max(worst, subprocess.run(command, env=environment).returncode)
+                into.append(json.loads(figures.read_text()) if figures.is_file() else {})
+    print(turn_summary(found, based or None, baseline))
+    return 1 if worst else 0
+
+
+def turn_command(argv: list[str], figures: Path, root: Path) -> tuple[list[str], dict[str, str]]:
+    """One turn of `take_turns`: this script with these options but --turns, --baseline and --figures (taken out by
+    argparse's own matching, any spelling), writing its figures to `figures`, on the harness of the checkout `root`
+    (first on PYTHONPATH)."""
+    picker = argparse.ArgumentParser(add_help=False)
+    picker.add_argument("--turns")
+    picker.add_argument("--baseline")
+    picker.add_argument("--figures")
+    rest = picker.parse_known_args(argv)[1]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root.resolve()),
+                                                                             os.environ.get("PYTHONPATH")])))
+    return [sys.executable, str(Path(__file__).resolve()), *rest, "--figures", str(figures)], environment
+
+
+def turn_summary(found: list[dict], based: list[dict] | None, baseline: Path | None) -> str:
+    """Per way timed: each turn's median of host us per tensor (this code's, and the baseline's), and with a baseline
+    the median and range over the turns of this code's median over the baseline's (below 1: this code costs less)."""
+    ways = [way for way in (found[0] if found else {}) if all(way in turn for turn in found + (based or []))]
+    if not ways:
+        return "no host costs to sum up (they are timed on cuda only)"
+    lines = [f"host us per tensor, each turn's median, {len(found)} turns" +
+             ("" if based is None else f"; the baseline {baseline}, then this code over it per turn")]
+    for way in ways:
+        mine = [statistics.median(turn[way]["host"]) for turn in found]
+        line = f"  {way}: " + ", ".join(f"{value:.1f}" for value in mine)
+        if based is not None:
+            theirs = [statistics.median(turn[way]["host"]) for turn in based]
+            over = [a / b for a, b in zip(mine, theirs, strict=True)]
+            line += f"; baseline {', '.join(f'{value:.1f}' for value in theirs)}; " \
+                    f"x{statistics.median(over):.2f} ({min(over):.2f}-{max(over):.2f})"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
