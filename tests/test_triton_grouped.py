@@ -138,7 +138,7 @@ def _run() -> None:
         setattr(triton_digest, name, value)
     tensors = [tensor for _, tensor, _ in found]
     first = None
-    for round_ in ("", " again", " replaced", " reshaped"):
+    for round_ in ("", " again", " replaced", " reshaped", " other rows"):
         if round_ == " again":
             for tensor in tensors:
                 if tensor.dtype == torch.bool:
@@ -151,6 +151,8 @@ def _run() -> None:
             tensors[1] = tensors[1].clone().mul_(3)
         if round_ == " reshaped":
             tensors[0] = tensors[0].reshape(tensors[0].shape[::-1])
+        if round_ == " other rows":  # a setting of the kernel changed: the same tensors, a plan of their own
+            triton_digest.ROWS = 2
         before = dict(triton_batch.COUNTS)
         slots, plan = triton_batch.batched_device_digests(tensors)
         made = {kind: triton_batch.COUNTS[kind] - before[kind] for kind in ("lists", "plans", "tables")}
@@ -172,6 +174,7 @@ def _run() -> None:
                               "expected_stats": stats, "elements": float(row[4]), "size": int(array.size),
                               "groups": len(groups), "batched": slot is not None, "readable": readable,
                               "same plan": plan is first, "made": made}), flush=True)
+    triton_digest.ROWS = defaults["ROWS"]
 
 
 def _check(result: dict) -> None:
@@ -185,7 +188,7 @@ def _check(result: dict) -> None:
 def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     results = interpreter_results(__file__)
     count = len(cases())
-    assert len(results) == (len(SETTINGS) + 4) * count, results[-3:]
+    assert len(results) == (len(SETTINGS) + 5) * count, results[-3:]
     for result in results:
         _check(result)
     dtypes = {result["dtype"] for result in results}
@@ -199,14 +202,16 @@ def test_grouped_digest_equals_numpy_per_tensor_in_triton_interpreter():
     assert [r["batched"] for r in batched] == [r["readable"] for r in batched]
     assert sum(r["batched"] for r in batched) >= count * 2
     assert {r["groups"] for r in batched} == {len({r["dtype"] for r in batched if r["batched"]})}
-    again, replaced, reshaped = (batched[k * count:(k + 1) * count] for k in (1, 2, 3))
+    again, replaced, reshaped, other_rows = (batched[k * count:(k + 1) * count] for k in (1, 2, 3, 4))
     assert all(r["same plan"] and r["label"].endswith(" again") for r in again)
     assert all(r["same plan"] and r["label"].endswith(" replaced") for r in replaced)
     assert not any(r["same plan"] for r in reshaped) and all(r["label"].endswith(" reshaped") for r in reshaped)
-    # what each round made (triton_batch.COUNTS): a plan and its tables; nothing; new tables; a plan and its tables
-    made = [batched[k * count]["made"] for k in range(4)]
+    assert not any(r["same plan"] for r in other_rows) and all(r["label"].endswith(" other rows") for r in other_rows)
+    # what each round made (triton_batch.COUNTS): a plan and its tables; nothing; new tables; a plan and its tables;
+    # a plan and its tables (a launch is made for its settings: triton_digest.group_settings)
+    made = [batched[k * count]["made"] for k in range(5)]
     assert made == [{"lists": 1, "plans": plans, "tables": tables}
-                    for plans, tables in ((1, 1), (0, 0), (0, 1), (1, 1))], made
+                    for plans, tables in ((1, 1), (0, 0), (0, 1), (1, 1), (1, 1))], made
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "int8"])

@@ -121,8 +121,8 @@ def batched_device_digests(tensors: list) -> tuple[list[GroupSlot | None], Plan 
     COUNTS["lists"] += 1
     # the whole list's key: a step hands over several lists (the forward pass's, the backward pass's, the optimizer's)
     key = tuple([(tensor.dtype, tensor.shape, tensor.is_contiguous(), tensor.get_device()) for tensor in tensors])
-    # what a plan's tables depend on besides its tensors: the largest grouped tensor, a program's tiles
-    settings = (triton_digest.route()[2], triton_digest.ITEM_TILES, triton_digest.WARPS)
+    # what a plan and its launches depend on besides its tensors: the largest grouped tensor, the kernel's settings
+    settings = (triton_digest.route()[2], triton_digest.group_settings())
     kept = _PLANS.pop(key, None)  # put back last: the least recently used goes first
     found = kept.launch(tensors) if kept is not None and kept.matches(settings) else None
     if kept is not None and found is not None:

@@ -689,7 +689,7 @@ class GroupsLaunch:
 
 
 KEPT_LAUNCHES = 16  # arena groups' launches kept (`_kept_launch`)
-_LAUNCHES: dict[tuple, GroupsLaunch] = {}  # (stream, per group its key and rows) -> their launch
+_LAUNCHES: dict[tuple, GroupsLaunch] = {}  # (stream, group_settings(), per group its key and rows) -> their launch
 
 
 def _kept_launch(groups: list[Group], stream: int) -> GroupsLaunch:
@@ -697,7 +697,7 @@ def _kept_launch(groups: list[Group], stream: int) -> GroupsLaunch:
     the same sizes in the same order every step): no pinned block and transfer of tables per step. A kept table is
     launched again in the same stream only (its arrival counters, reset by the launch that used them, are then
     zero)."""
-    key = (stream, *[(group.key, group.rows.tobytes()) for group in groups])
+    key = (stream, group_settings(), *[(group.key, group.rows.tobytes()) for group in groups])
     launch = _LAUNCHES.get(key)
     if launch is None:
         if len(_LAUNCHES) >= KEPT_LAUNCHES:
@@ -729,6 +729,12 @@ def group_tables(groups: list[Group]) -> list:
         at += size
     table = pinned.to(groups[0].device, non_blocking=True) if groups[0].cuda else pinned
     return [table[start:] for start in starts]
+
+
+def group_settings() -> tuple:
+    """The module's settings a `GroupsLaunch` is made for (its groups' rows, its kernels' constexprs): part of the
+    keys it is kept by."""
+    return ROWS, WARPS, REDUCE_ROWS, SEARCH, ITEM_TILES
 
 
 def _grouped_meta(dtype, width: int, layout: tuple[int, bool, bool]) -> dict:
