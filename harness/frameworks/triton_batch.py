@@ -6,8 +6,8 @@ one device, stream and dtype read where they are by one launch of `grouped_diges
 A training step hands over lists of the same make every step (parameters, gradients, optimizer states: the same
 dtypes and shapes; the same tensors, or new ones such as gradients made by each backward pass). So what a list
 makes (which tensors are grouped, by dtype; which need a contiguous copy, into buffers it keeps) is kept as a
-`Plan`, keyed by each tensor's dtype, shape, contiguity and device (and the stream, and the settings its tables depend
-on), and used again while the next list matches: per call that leaves a tuple and an address per tensor, the
+`Plan`, keyed by each tensor's dtype, shape, contiguity and device (and the stream, and the settings its launches
+depend on), and used again while the next list matches: per call that leaves a tuple and an address per tensor, the
 copies, one launch per dtype (Triton's launcher called at once: triton_digest.GroupsLaunch) and a handle per
 tensor. The groups' tables hold the tensors' places: a device's launch made for the addresses of a call is kept
 (the last TABLES per plan and device) and launched again as it is when the same addresses come again (the kernel
@@ -45,16 +45,16 @@ class Batch:
 
 class Plan:
     """A list of tensors' batches (per device), launched on each list that has its key (the dtypes, shapes,
-    contiguity and devices of its tensors: the key `_PLANS` finds it by), and per device the launches made for the addresses
-    seen last (TABLES of them: a capture's parameters and gradients share a plan).
+    contiguity and devices of its tensors: the key `_PLANS` finds it by), and per device the launches made for the
+    addresses seen last (TABLES of them: a capture's parameters and gradients share a plan).
     facts: whatever the caller keeps per tensor with it (valid as long as the key matches), set by the caller."""
 
     def __init__(self, settings: tuple, streams: list[tuple[int, int]]):
         self.settings, self.streams = settings, streams
         self.devices: list[list[Batch]] = []  # the batches of each device
         self.live: list[list[int]] = []  # per device: the indices of the tensors its batches read in place, in order
-        # per device: the indices of the tensors its batches read, and each one's row of the launch's block
-        self.rows: list[tuple[list[int], list[int]]] = []
+        # per device: the indices of the tensors its batches read, in the order of the rows of its launch's block
+        self.rows: list[list[int]] = []
         # per device: those tensors' addresses -> the launch of its groups placed there (triton_digest.GroupsLaunch:
         # holds no tensor of the caller's) and what each group's lowest member is (the tensor's index, or the buffer
         # it is copied into)
@@ -88,9 +88,9 @@ class Plan:
         if self.copied:  # detached: a copy from a tensor that requires grad would put the buffer into the graph
             torch._foreach_copy_(self.buffers, [tensors[i].detach() for i in self.copied])
         found: list[GroupSlot | None] = [None] * len(tensors)
-        for (launch, lowest), (indices, rows) in zip(launches, self.rows, strict=True):
+        for (launch, lowest), indices in zip(launches, self.rows, strict=True):
             launched = Launched(launch([tensors[i] if buffer is None else buffer for i, buffer in lowest]), launch.device)
-            for index, row in zip(indices, rows, strict=True):
+            for row, index in enumerate(indices):
                 found[index] = GroupSlot(launched, row)
         return found
 
@@ -170,8 +170,7 @@ def _plan(tensors: list, key: tuple, settings: tuple) -> Plan:
     plan.devices = list(by_device.values())
     plan.live = [[i for batch in batches for i, buffer in zip(batch.indices, batch.buffers, strict=True) if buffer is None]
                  for batches in plan.devices]
-    plan.rows = [([i for batch in batches for i in batch.indices], list(range(sum(len(batch.indices) for batch in batches))))
-                 for batches in plan.devices]
+    plan.rows = [[i for batch in batches for i in batch.indices] for batches in plan.devices]
     plan.made = [{} for _ in plan.devices]
     return plan
 

@@ -638,7 +638,7 @@ class GroupsLaunch:
 
     def __init__(self, groups: list[Group], tables: list):
         first = groups[0]
-        self.device, self.index, self.cuda = first.device, first.index, first.cuda
+        self.device, self.index = first.device, first.index
         self.rows = sum(len(group.rows) // 4 for group in groups)
         weights = device_table(self.device, "W", fast_hash.BLOCK)
         # per group: its programs, table, W, V, first handle row and first partial row (float64 offsets in the
@@ -661,17 +661,17 @@ class GroupsLaunch:
         import torch
 
         work = torch.empty(self.size, dtype=torch.float64, device=self.device)
-        direct = self.direct
-        if direct is not None and triton_launch.direct_on(self.index):
-            base = work.data_ptr()
-            addresses = [arena.data_ptr() for arena in arenas]
-            if not base % _ALIGN and not any(address % _ALIGN for address in addresses):
-                stream = raw_stream(self.index)
-                for (run, function, packed, constants, programs, fixed, row, parts, count), address in zip(
-                        direct, addresses, strict=True):
-                    run(programs, 1, 1, stream, function, packed, None, None, None, address, *fixed, base + 8 * row,
-                        base + 8 * parts, count, programs, *constants)
-                return work[:8 * self.rows].view(self.rows, 8)
+        base, addresses = work.data_ptr(), [arena.data_ptr() for arena in arenas]
+        # a launcher is called at once on this device only, and on addresses aligned as when it was kept
+        direct = not base % _ALIGN and not any(address % _ALIGN for address in addresses) and \
+            triton_launch.direct_on(self.index)
+        if direct and self.direct is not None:
+            stream = raw_stream(self.index)
+            for (run, function, packed, constants, programs, fixed, row, parts, count), address in zip(
+                    self.direct, addresses, strict=True):
+                run(programs, 1, 1, stream, function, packed, None, None, None, address, *fixed, base + 8 * row,
+                    base + 8 * parts, count, programs, *constants)
+            return work[:8 * self.rows].view(self.rows, 8)
         kernel = _kernels()["grouped"]
         kept: list[tuple] = []
         for (programs, table, weights, factors, row, parts, count, meta), arena in zip(self.calls, arenas, strict=True):
@@ -680,10 +680,7 @@ class GroupsLaunch:
             if launcher is not None:  # the tables by address (kept alive by self.calls)
                 kept.append((*launcher, programs, (table.data_ptr(), weights.data_ptr(), factors.data_ptr()), row,
                              parts, count))
-        # the launchers kept where every launch was direct, on this device, from aligned addresses (as the direct
-        # launches above check)
-        if len(kept) == len(self.calls) and triton_launch.direct_on(self.index) and not work.data_ptr() % _ALIGN and \
-                not any(arena.data_ptr() % _ALIGN for arena in arenas):
+        if direct and len(kept) == len(self.calls):  # every launch was direct
             self.direct = kept
         return work[:8 * self.rows].view(self.rows, 8)
 
@@ -802,5 +799,4 @@ def launch_groups(groups: list[Group | Launched]) -> None:
     for open_group in waiting.values():
         if _OPEN.get(open_group.key) is open_group:
             del _OPEN[open_group.key]
-    if waiting:
-        _launch_by_device(list(waiting.values()))
+    _launch_by_device(list(waiting.values()))

@@ -37,7 +37,7 @@ def launch(kernel, programs: int, args: tuple, meta: dict) -> Any:
 def launch_kept(kernel, programs: int, args: tuple, meta: dict) -> tuple | None:
     """`launch`, then what `launcher` gives for these arguments (None where this launch was Triton's own): for a
     caller that keeps the launcher of a launch it makes again, without looking it up a second time."""
-    compiled, found = _launch(kernel, programs, args, meta)
+    found = _launch(kernel, programs, args, meta)[1]
     return None if found is None else found[:4]
 
 
