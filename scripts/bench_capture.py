@@ -5,11 +5,11 @@ plain step.
 
     python3 scripts/bench_capture.py [--hidden 512] [--ffn 1024] [--tokens 512] [--dtype bf16|fp32] [--rounds 15]
                                      [--device cpu|cuda] [--hash md5|fast|fast-torch ...] [--no-full] [--optimizer]
-                                     [--writer thread|process] [--runs 3] [--baseline DIR]
+                                     [--writer thread|process] [--runs 3] [--baseline DIR] [--summary FILE]
 
 --runs N: N separate runs, one process each after the other (the host's speed varies between processes more than
 between rounds of one), each printed as it ends, then per variant the median of the runs' ratios and their range:
-the figures a row of the capture guide gives.
+the figures a row of the capture guide gives. --summary FILE also writes the runs' figures there (JSON).
 
 --baseline DIR: each run also runs on the checkout at DIR (its scripts/bench_capture.py, its harness first on
 PYTHONPATH; e.g. `git worktree add DIR REV`), the two taking turns, then both summaries and per run this code's
@@ -228,6 +228,9 @@ def options() -> argparse.ArgumentParser:
                                                             "of their ratios")
     parser.add_argument("--baseline", type=Path, help="a checkout to run each run on too, taking turns; then per run "
                                                       "this code's ratio over its ratio")
+    parser.add_argument("--summary", type=Path, help="with --runs or --baseline: write the runs' figures to this JSON "
+                                                     "file ({\"runs\": [...], \"baseline\": [...]}: per run, part and "
+                                                     "variant, its ms per step and ratio)")
     parser.add_argument("--figures", type=Path, help=argparse.SUPPRESS)  # a run of --runs writes its figures here
     return parser
 
@@ -235,7 +238,7 @@ def options() -> argparse.ArgumentParser:
 def main() -> None:
     args = options().parse_args()
     if args.figures is None and (args.runs > 1 or args.baseline is not None):
-        runs_apart(args.runs, args.baseline)
+        runs_apart(args.runs, args.baseline, args.summary)
         return
     global WRITER
     WRITER = args.writer
@@ -291,10 +294,11 @@ def main() -> None:
 PARTS = ("whole round", "loop")
 
 
-def runs_apart(runs: int, baseline: Path | None = None) -> None:
+def runs_apart(runs: int, baseline: Path | None = None, figures_to: Path | None = None) -> None:
     """Run this script `runs` times with the same options, one process after the other (their output as it comes),
     then print `summary` of their figures; with `baseline`, each run on that checkout too (`baseline_command`; the
-    baseline first in the first run, then the two taking turns), and then `paired_summary`."""
+    baseline first in the first run, then the two taking turns), and then `paired_summary`. With `figures_to`, the
+    runs' figures are written there too."""
     if baseline is not None and not (baseline / "scripts" / "bench_capture.py").is_file():
         raise SystemExit(f"bench_capture: --baseline {baseline}: no scripts/bench_capture.py there (a checkout of xfalign, "
                          "e.g. made by `git worktree add`)")
@@ -314,6 +318,8 @@ def runs_apart(runs: int, baseline: Path | None = None) -> None:
                     command, environment = baseline_command(sys.argv[1:], figures, baseline)
                     subprocess.run(command, check=True, env=environment)
                 into.append(json.loads(figures.read_text()))
+    if figures_to is not None:
+        figures_to.write_text(json.dumps({"runs": found, "baseline": based if baseline is not None else None}))
     if baseline is None:
         print(summary(found))
         return
@@ -331,6 +337,7 @@ def baseline_command(argv: list[str], figures: Path, baseline: Path) -> tuple[li
     not know; taken out by argparse's own matching, any spelling), and an environment whose PYTHONPATH starts there."""
     picker = argparse.ArgumentParser(add_help=False)
     picker.add_argument("--baseline")
+    picker.add_argument("--summary")
     rest = picker.parse_known_args(argv)[1]
     script = baseline.resolve() / "scripts" / "bench_capture.py"
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(baseline.resolve()),

@@ -23,6 +23,8 @@ baseline's: the host's speed drifts between calls, and within one, by more than 
 
     python3 scripts/check_fast_digest.py [--device cuda|cpu] [--paths grouped fused torch] [--steps 20] [--sweep]
                                          [--turns N] [--baseline DIR] [--figures FILE]
+
+--figures FILE writes the host costs per way (JSON); with --turns or --baseline, each turn's.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def sweep(large, digest: str, adapter: TorchAdapter) -> int:
     return wrong
 
 
-def main() -> int:
+def options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--paths", choices=tuple(PATHS), nargs="+", default=None,
@@ -233,14 +235,20 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=1, help="checks run, a process each, then summed up")
     parser.add_argument("--baseline", type=Path,
                         help="a checkout whose harness is checked too, taking turns; then this code over it per turn")
-    parser.add_argument("--figures", type=Path, help="write the host costs per way to this JSON file")
+    parser.add_argument("--figures", type=Path, help="write the host costs per way to this JSON file (with --turns or "
+                                                     "--baseline: per turn, {\"turns\": [...], \"baseline\": [...]})")
+    return parser
+
+
+def main() -> int:
+    parser = options()
     args = parser.parse_args()
     if args.turns < 1:
         parser.error(f"--turns {args.turns}: at least 1")
     if args.baseline is not None and not (args.baseline / "harness" / "__init__.py").is_file():
         parser.error(f"--baseline {args.baseline}: no harness/ there (a checkout of xfalign, e.g. made by `git worktree add`)")
     if args.turns > 1 or args.baseline is not None:
-        return take_turns(sys.argv[1:], args.turns, args.baseline)
+        return take_turns(sys.argv[1:], args.turns, args.baseline, args.figures)
     device = args.device
     paths = args.paths or (list(PATHS) if device == "cuda" else ["torch"])
     adapter = TorchAdapter()
@@ -326,9 +334,10 @@ def main() -> int:
     return 1 if differences else 0
 
 
-def take_turns(argv: list[str], turns: int, baseline: Path | None) -> int:
+def take_turns(argv: list[str], turns: int, baseline: Path | None, figures_to: Path | None = None) -> int:
     """Run the check `turns` times (and as many on `baseline`'s harness, the two taking turns, the baseline first), a
-    process each, their output as it comes; then `turn_summary`. 1 where a check found differences."""
+    process each, their output as it comes; then `turn_summary`, and the turns' figures written to `figures_to`. 1
+    where a check found differences."""
     worst = 0
     found: list[dict] = []
     based: list[dict] = []
@@ -341,6 +350,8 @@ def take_turns(argv: list[str], turns: int, baseline: Path | None) -> int:
                 command, environment = turn_command(argv, figures, root)
                 worst = max(worst, subprocess.run(command, env=environment).returncode)
                 into.append(json.loads(figures.read_text()) if figures.is_file() else {})
+    if figures_to is not None:
+        figures_to.write_text(json.dumps({"turns": found, "baseline": based if baseline is not None else None}))
     print(turn_summary(found, based or None, baseline))
     return 1 if worst else 0
 

@@ -59,18 +59,20 @@ def test_bad_turns_or_baseline_are_refused_by_name(torch, tmp_path, monkeypatch,
 
 
 @pytest.mark.slow
-def test_turns_against_a_baseline_run_each_check_in_turn_and_pass_on_its_verdict(torch):
+def test_turns_against_a_baseline_run_each_check_in_turn_and_pass_on_its_verdict(torch, tmp_path):
     """On the CPU (no way timed), this checkout as its own baseline, two turns: four checks, the baseline's first in
-    each turn, every digest equal, exit 0."""
+    each turn, every digest equal, exit 0; --figures gets each turn's figures (empty: none timed)."""
+    import json
     import subprocess
     import sys
 
     check = load_script("check_fast_digest")
-    done = subprocess.run([sys.executable, check.__file__, "--device", "cpu", "--turns", "2", "--baseline", str(check.HERE)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, check.__file__, "--device", "cpu", "--turns", "2", "--baseline", str(check.HERE),
+                           "--figures", str(tmp_path / "turns.json")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     turns = [line for line in done.stdout.splitlines() if line.startswith("turn ")]
     assert turns == ["turn 1 of 2, the baseline:", "turn 1 of 2, this code:", "turn 2 of 2, the baseline:",
                      "turn 2 of 2, this code:"]
     assert done.stdout.count(": ALL EQUAL") == 4
     assert done.stdout.rstrip().endswith("no host costs to sum up (they are timed on cuda only)")
+    assert json.loads((tmp_path / "turns.json").read_text()) == {"turns": [{}, {}], "baseline": [{}, {}]}
