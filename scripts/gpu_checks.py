@@ -9,6 +9,7 @@ Stages (each fits one 600 s call: its commands' time limits add up to at most ST
   mlp     scripts/bench_capture.py rows: the MLP 1024/4096 and 4096/11008 steps
   layers  the same: TransformerLayer and MoE layer steps
   gpt     the same: the 8-layer GPTModel step
+  optimizer  the same with megatron-core's Float16Optimizer (issue 22's rows): TransformerLayer and GPTModel steps
 Each bench row is three runs (a process each) of three rounds; its verdict takes the median of the runs' ratios, of
 the whole round and of the loop, against the row's target. --baseline DIR: a checkout of other code (e.g.
 `git archive REV | tar -x -C DIR`), its harness checked in turns with this code's by the digest stage.
@@ -71,6 +72,9 @@ STAGES: dict[str, tuple[Command, ...]] = {
     "layers": (_row("TransformerLayer", ("--model", "layer", *LARGE, "--steps", "30"), 270, 1.15),
                _row("MoE layer, 4 experts, top 2", ("--model", "moe-layer", *LARGE, "--steps", "30"), 290, 1.2)),
     "gpt": (_row("GPTModel, 8 layers, vocab 32000", ("--model", "gpt", "--steps", "6"), 540, 1.1),),
+    "optimizer": (_row("TransformerLayer with Float16Optimizer", ("--model", "layer", *LARGE, "--steps", "30", "--optimizer"),
+                       240, 1.3),
+                  _row("GPTModel with Float16Optimizer", ("--model", "gpt", "--steps", "6", "--optimizer"), 330, 1.3)),
 }
 
 
