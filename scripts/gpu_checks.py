@@ -191,6 +191,8 @@ def run_stage(stage: str, out: Path, baseline: Path | None) -> list[Outcome]:
     outcomes = []
     for index, command in enumerate(STAGES[stage]):
         figures = out / f"{stage}-{index}.figures.json" if command.figures else None
+        if figures is not None:  # left by a run that was stopped before reading it: never this run's figures
+            figures.unlink(missing_ok=True)
         line = command_line(command, baseline, figures)
         code, seconds = run_logged(line, command.seconds, log)
         outcome = Outcome(command.label, line, code, round(seconds, 1))

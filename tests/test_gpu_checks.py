@@ -4,6 +4,7 @@ and the verdicts read the scripts' own figures against the targets."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -126,6 +127,18 @@ def test_the_digest_stage_is_met_where_the_median_turn_digests_a_step_together_u
     assert checks.digest_verdicts({"turns": [{}], "baseline": None}) == (["no host costs came back (timed on cuda only)"], False)
 
 
+def test_a_command_that_writes_no_figures_misses_its_target_whatever_an_earlier_run_left(tmp_path, monkeypatch):
+    """A row's figures file left in --out by an earlier run that was stopped (with figures that meet the target) is not
+    read as this run's: the command failed and wrote none."""
+    checks = load_script("gpu_checks")
+    failing = checks.Command("fails", ("-c", "import sys; sys.exit(1)"), 30, target=1.5, figures="--summary")
+    monkeypatch.setitem(checks.STAGES, "failing", (failing,))
+    (tmp_path / "failing-0.figures.json").write_text(json.dumps({"runs": [_run(1.0, 1.0)] * 3, "baseline": None}))
+    (outcome,) = checks.run_stage("failing", tmp_path, None)
+    assert (outcome.exit, outcome.met, outcome.verdicts) == (1, False, ["no figures came back"])
+    assert json.loads((tmp_path / "failing.json").read_text())["commands"][0]["met"] is False
+
+
 def test_a_baseline_that_is_not_a_checkout_is_refused_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_checks.py"), "digest", "--baseline", str(tmp_path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True)
@@ -143,7 +156,7 @@ def test_the_bench_s_runs_write_the_figures_a_row_s_verdict_reads(torch, tmp_pat
     subprocess.run([sys.executable, str(SCRIPTS / "bench_capture.py"), "--device", "cpu", "--hash", "fast", "--no-full",
                     "--rounds", "1", "--steps", "1", "--hidden", "64", "--ffn", "128", "--tokens", "16", "--runs", "2",
                     "--summary", str(summary)], check=True, capture_output=True, cwd=tmp_path)
-    figures = checks.json.loads(summary.read_text())
+    figures = json.loads(summary.read_text())
     assert len(figures["runs"]) == 2 and figures["baseline"] is None
     lines, met = checks.bench_verdicts(figures, 1e9)
     assert met and [line.split(",")[0] for line in lines] == ["whole round", "loop"]
