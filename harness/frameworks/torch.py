@@ -532,10 +532,9 @@ def _copy_to_host(pinned: _PinnedBlock, stacked, device) -> None:
     current_stream cost tens of microseconds of CPU per step), else by torch's copy."""
     import torch
 
-    memcpy, index = triton_digest._memcpy(), device.index
-    cuda = triton_digest._CUDA_CALLS or triton_digest._cuda_calls()
-    if memcpy is not None and stacked.is_contiguous() and cuda[0]() == index:
-        raw = cuda[1](index)
+    memcpy, index = triton_digest.raw_memcpy(), device.index
+    if memcpy is not None and stacked.is_contiguous() and triton_digest.current_device() == index:
+        raw = triton_digest.raw_stream(index)
         error = memcpy(pinned.address, stacked.data_ptr(), stacked.numel() * 8, 2, raw)  # D2H
         if error:
             raise RuntimeError(f"cudaMemcpyAsync of the digests to the host: error {error}")

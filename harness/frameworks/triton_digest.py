@@ -397,7 +397,7 @@ _OPEN: dict[tuple, Group] = {}  # (device index, stream, dtype) -> the group tha
 _ARENA: dict[tuple, int] = {}  # the same key -> the arena's size in bytes that its groups start with
 _GROUP_META: dict[tuple, dict] = {}
 _ROUTE: list[tuple[bool, int, int]] = []  # `route()` read for this step
-_MEMCPY: list[Any] = []  # [cudaMemcpyAsync of the CUDA runtime torch loaded, or None], looked up once
+_MEMCPY: list[Any] = []  # [cudaMemcpyAsync of the CUDA runtime torch loaded, or None], looked up once (`raw_memcpy`)
 _CUDA_CALLS: list[Any] = []  # `_cuda_calls`
 
 
@@ -437,7 +437,7 @@ def forget_route() -> None:
     _ROUTE.clear()
 
 
-def _memcpy() -> Any:
+def raw_memcpy() -> Any:
     """cudaMemcpyAsync of the CUDA runtime that torch loaded (found among the process's mapped files), as a
     ctypes function; None where there is no such library (a static runtime) or RAW_COPY is off."""
     if not _MEMCPY:
@@ -514,7 +514,7 @@ class Group:
         self.capacity = 0 if capacity is None else capacity // self.width  # elements
         self.arena: Any = None if capacity is None else torch.empty(self.capacity, dtype=tensor.dtype, device=self.device)
         self.base = 0 if self.arena is None else self.arena.data_ptr()
-        self.memcpy = _memcpy() if copies else None
+        self.memcpy = raw_memcpy() if copies else None
         self.used = 0  # elements
         # per segment: first item, items, first unit, elements (`in_place`: the same as a flat int64 array)
         self.rows: Any = array.array("q")
@@ -780,6 +780,11 @@ def _launch_by_device(groups: list[Group]) -> None:
 def raw_stream(index: int) -> int:
     """The current raw stream of CUDA device `index`; 0 for the CPU (index -1)."""
     return (_CUDA_CALLS or _cuda_calls())[1](index) if index >= 0 else 0
+
+
+def current_device() -> int:
+    """torch's current CUDA device index (torch.cuda.current_device() without its checks)."""
+    return (_CUDA_CALLS or _cuda_calls())[0]()
 
 
 def _cuda_calls() -> list:
