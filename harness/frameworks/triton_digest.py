@@ -524,12 +524,6 @@ class Group:
         self.row0 = 0
         self.lowest = 0  # `in_place`: the member at the lowest address, whose address the table counts from
 
-    def fresh(self, arena) -> Group:
-        """A copy not launched yet, reading `arena` (a batch plan's group, launched again on this step's tensors)."""
-        group = object.__new__(Group)
-        group.__dict__.update(self.__dict__)
-        group.arena, group.block = arena, None
-        return group
 
     def add(self, tensor, n: int) -> GroupSlot:
         """Copy the tensor (n elements) into the arena's next segment (room for it checked by the caller)."""
@@ -562,9 +556,9 @@ class Group:
         """A group whose segments will be tensors themselves (contiguous, of its key, of `counts` elements; `tensor`
         one of them), read where they are: its segments' rows as `_segment` makes them, for all at once (segment i
         the i-th tensor), but their first units, which `placed` sets from the tensors' addresses. No arena is kept
-        (no tensor of the caller's): a batch plan (triton_batch) keeps the placed groups and launches a `fresh` copy
-        on the tensors of each call, its arena the one at that place then (nothing is copied: a later change of a
-        tensor must not come between a call and its launch)."""
+        (no tensor of the caller's): a batch plan (triton_batch) keeps the launch of its placed groups
+        (`GroupsLaunch`) and calls it on the tensors of each call, a group's arena the tensor at its lowest place then
+        (nothing is copied: a later change of a tensor must not come between a call and its launch)."""
         import numpy as np
 
         group = cls(key, tensor, layout, None)
@@ -588,7 +582,8 @@ class Group:
         at = np.array(addresses, dtype=np.int64)
         if (at % _ALIGN).any():
             return None
-        group = self.fresh(None)
+        group = object.__new__(Group)  # a shallow copy (copy.copy's reduce protocol costs more)
+        group.__dict__.update(self.__dict__)
         lowest = group.lowest = int(at.argmin())
         rows = self.rows.copy()
         rows[:, 2] = (at - at[lowest]) // self.unit
@@ -609,7 +604,7 @@ def launch_on_device(groups: list[Group]) -> None:
     import torch
 
     if groups[0].cuda:
-        current = torch._C._cuda_getCurrentRawStream(groups[0].index)
+        current = raw_stream(groups[0].index)
         for group in groups:
             if group.stream is not None and group.raw_stream != current:  # the copies ran on the group's stream
                 stream = torch.cuda.current_stream(group.device)
