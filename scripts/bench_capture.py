@@ -66,6 +66,9 @@ from harness.capture import capture
 from harness.frameworks import triton_batch, triton_launch
 from harness.frameworks.megatron_group import one_process_group
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs_in_turns import on_checkout  # noqa: E402
+
 # a --hash variant -> the environment it runs in: fast by the torch ops; fast with Triton's own launch every time
 # (harness.frameworks.triton_launch: side by side with "fast", what the direct launches save)
 VARIANT_ENVIRONMENT = {"fast-torch": {"XFALIGN_FAST_DIGEST_KERNEL": "torch"},
@@ -335,13 +338,8 @@ def run_command(argv: list[str], figures: Path) -> list[str]:
 def baseline_command(argv: list[str], figures: Path, baseline: Path) -> tuple[list[str], dict[str, str]]:
     """One run of `runs_apart` on the checkout `baseline`: its script with these options but --baseline (which it may
     not know; taken out by argparse's own matching, any spelling), and an environment whose PYTHONPATH starts there."""
-    picker = argparse.ArgumentParser(add_help=False)
-    picker.add_argument("--baseline")
-    picker.add_argument("--summary")
-    rest = picker.parse_known_args(argv)[1]
+    rest, environment = on_checkout(argv, ("--baseline", "--summary"), baseline)
     script = baseline.resolve() / "scripts" / "bench_capture.py"
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(baseline.resolve()),
-                                                                             os.environ.get("PYTHONPATH")])))
     return [sys.executable, str(script), *rest, "--runs", "1", "--figures", str(figures)], environment
 
 

@@ -48,6 +48,9 @@ from harness.frameworks.torch import TorchAdapter, device_digest
 from harness.store.fast_hash import BLOCK, fast64, stats_mismatches
 from harness.store.stats import tensor_stats
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs_in_turns import is_checkout, on_checkout, turn_medians  # noqa: E402
+
 HERE = Path(__file__).resolve().parent.parent  # this checkout, whose harness --turns and --baseline check
 # path -> (XFALIGN_FAST_DIGEST_KERNEL, XFALIGN_DIGEST_GROUP_BYTES; None: unset, the default)
 PATHS = {"grouped": ("auto", None), "fused": ("auto", "0"), "torch": ("torch", "0")}
@@ -245,7 +248,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.turns < 1:
         parser.error(f"--turns {args.turns}: at least 1")
-    if args.baseline is not None and not (args.baseline / "harness" / "__init__.py").is_file():
+    if args.baseline is not None and not is_checkout(args.baseline):
         parser.error(f"--baseline {args.baseline}: no harness/ there (a checkout of xfalign, e.g. made by `git worktree add`)")
     if args.turns > 1 or args.baseline is not None:
         return take_turns(sys.argv[1:], args.turns, args.baseline, args.figures)
@@ -360,13 +363,7 @@ def turn_command(argv: list[str], figures: Path, root: Path) -> tuple[list[str],
     """One turn of `take_turns`: this script with these options but --turns, --baseline and --figures (taken out by
     argparse's own matching, any spelling), writing its figures to `figures`, on the harness of the checkout `root`
     (first on PYTHONPATH)."""
-    picker = argparse.ArgumentParser(add_help=False)
-    picker.add_argument("--turns")
-    picker.add_argument("--baseline")
-    picker.add_argument("--figures")
-    rest = picker.parse_known_args(argv)[1]
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root.resolve()),
-                                                                             os.environ.get("PYTHONPATH")])))
+    rest, environment = on_checkout(argv, ("--turns", "--baseline", "--figures"), root)
     return [sys.executable, str(Path(__file__).resolve()), *rest, "--figures", str(figures)], environment
 
 
@@ -379,10 +376,10 @@ def turn_summary(found: list[dict], based: list[dict] | None, baseline: Path | N
     lines = [f"host us per tensor, each turn's median, {len(found)} turns" +
              ("" if based is None else f"; the baseline {baseline}, then this code over it per turn")]
     for way in ways:
-        mine = [statistics.median(turn[way]["host"]) for turn in found]
+        mine = turn_medians(found, way)
         line = f"  {way}: " + ", ".join(f"{value:.1f}" for value in mine)
         if based is not None:
-            theirs = [statistics.median(turn[way]["host"]) for turn in based]
+            theirs = turn_medians(based, way)
             over = [a / b for a, b in zip(mine, theirs, strict=True)]
             line += f"; baseline {', '.join(f'{value:.1f}' for value in theirs)}; " \
                     f"x{statistics.median(over):.2f} ({min(over):.2f}-{max(over):.2f})"

@@ -35,6 +35,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs_in_turns import is_checkout, turn_medians  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGE_SECONDS = 570  # a call's 600 s less the installs before it
 HOST_US = 10.0  # issue 23: a 100-tensor step's host cost per tensor
@@ -145,7 +148,7 @@ def digest_verdicts(figures: dict) -> tuple[list[str], bool]:
     if not turns:
         return ["no host costs came back (timed on cuda only)"], False
     for way in turns[0]:
-        medians = [statistics.median(turn[way]["host"]) for turn in turns if way in turn]
+        medians = turn_medians(turns, way)
         overall = statistics.median(medians)
         text = (f"{way}: {overall:.1f} us per tensor, the median of {len(medians)} turns' "
                 f"({', '.join(f'{value:.1f}' for value in medians)})")
@@ -153,7 +156,7 @@ def digest_verdicts(figures: dict) -> tuple[list[str], bool]:
             met &= overall < HOST_US
             text += f" {'<' if overall < HOST_US else '>='} {HOST_US}: {'met' if overall < HOST_US else 'NOT MET'}"
         if figures.get("baseline"):
-            theirs = [statistics.median(turn[way]["host"]) for turn in figures["baseline"] if way in turn]
+            theirs = turn_medians(figures["baseline"], way)
             text += f"; the baseline {', '.join(f'{value:.1f}' for value in theirs)}"
         lines.append(text)
     return lines, met
@@ -223,7 +226,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, help="a checkout of other code to take turns with")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and their limits only")
     args = parser.parse_args()
-    if args.baseline is not None and not (args.baseline / "harness" / "__init__.py").is_file():
+    if args.baseline is not None and not is_checkout(args.baseline):
         parser.error(f"--baseline {args.baseline}: no harness/ there (a checkout of xfalign)")
     if args.dry_run:
         for stage in args.stages:
