@@ -67,7 +67,7 @@ from harness.frameworks import triton_batch, triton_launch
 from harness.frameworks.megatron_group import one_process_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs_in_turns import on_checkout  # noqa: E402
+from runs_in_turns import median_range, on_checkout  # noqa: E402
 
 # a --hash variant -> the environment it runs in: fast by the torch ops; fast with Triton's own launch every time
 # (harness.frameworks.triton_launch: side by side with "fast", what the direct launches save)
@@ -353,7 +353,7 @@ def summary(runs: list[dict[str, dict[str, list[float]]]]) -> str:
             ms = [run[part][label][0] for run in runs]
             ratios = [run[part][label][1] for run in runs]
             figure = f"{min(ms):.1f}-{max(ms):.1f} ms" if label == "no capture" else \
-                f"x{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                median_range(ratios)
             lines.append(f"    {label:<27} {figure}")
     return "\n".join(lines)
 
@@ -369,7 +369,7 @@ def paired_summary(runs: list[dict[str, dict[str, list[float]]]], baseline: list
             if label == "no capture" or label not in baseline[0][part]:
                 continue
             over = [run[part][label][1] / base[part][label][1] for run, base in zip(runs, baseline, strict=True)]
-            lines.append(f"    {label:<27} x{statistics.median(over):.3f} ({min(over):.3f}-{max(over):.3f})")
+            lines.append(f"    {label:<27} {median_range(over, 3)}")
     return "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ from harness.store.fast_hash import BLOCK, fast64, stats_mismatches
 from harness.store.stats import tensor_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs_in_turns import is_checkout, on_checkout, turn_medians  # noqa: E402
+from runs_in_turns import is_checkout, median_range, on_checkout, turn_medians  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent  # this checkout, whose harness --turns and --baseline check
 # path -> (XFALIGN_FAST_DIGEST_KERNEL, XFALIGN_DIGEST_GROUP_BYTES; None: unset, the default)
@@ -381,8 +381,7 @@ def turn_summary(found: list[dict], based: list[dict] | None, baseline: Path | N
         if based is not None:
             theirs = turn_medians(based, way)
             over = [a / b for a, b in zip(mine, theirs, strict=True)]
-            line += f"; baseline {', '.join(f'{value:.1f}' for value in theirs)}; " \
-                    f"x{statistics.median(over):.2f} ({min(over):.2f}-{max(over):.2f})"
+            line += f"; baseline {', '.join(f'{value:.1f}' for value in theirs)}; {median_range(over)}"
         lines.append(line)
     return "\n".join(lines)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs_in_turns import is_checkout, turn_medians  # noqa: E402
+from runs_in_turns import is_checkout, median_range, turn_medians  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE_SECONDS = 570  # a call's 600 s less the installs before it
@@ -131,11 +131,11 @@ def bench_verdicts(figures: dict, target: float) -> tuple[list[str], bool]:
             ratios = [run[part][variant][1] for run in figures["runs"]]
             median = statistics.median(ratios)
             met &= median <= target
-            text = (f"{part}, {variant}: x{median:.2f} ({min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} runs) "
+            text = (f"{part}, {variant}: {median_range(ratios)} over {len(ratios)} runs "
                     f"{'<=' if median <= target else '>'} {target}x: {'met' if median <= target else 'NOT MET'}")
             if figures.get("baseline"):
                 theirs = [run[part][variant][1] for run in figures["baseline"]]
-                text += f"; the baseline x{statistics.median(theirs):.2f} ({min(theirs):.2f}-{max(theirs):.2f})"
+                text += f"; the baseline {median_range(theirs)}"
             lines.append(text)
     return lines, met
 

@@ -31,3 +31,8 @@ def is_checkout(path: Path) -> bool:
 def turn_medians(turns: list[dict], way: str) -> list[float]:
     """Each turn's median host us per tensor of `way` (check_fast_digest.py's figures), turns without it left out."""
     return [statistics.median(turn[way]["host"]) for turn in turns if way in turn]
+
+
+def median_range(values: list[float], digits: int = 2) -> str:
+    """A ratio's median over runs or turns and their range, as every script prints it: x1.12 (1.10-1.20)."""
+    return f"x{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"

@@ -102,8 +102,8 @@ def test_a_bench_row_is_met_where_the_median_of_its_runs_ratios_is_within_its_ta
     runs = [_run(1.10, 1.08), _run(1.20, 1.09), _run(1.12, 1.30)]  # whole: median 1.12; loop: median 1.09
     lines, met = checks.bench_verdicts({"runs": runs, "baseline": None}, 1.15)
     assert met
-    assert lines == ["whole round, capture, digest fast: x1.12 (1.10-1.20, 3 runs) <= 1.15x: met",
-                     "loop, capture, digest fast: x1.09 (1.08-1.30, 3 runs) <= 1.15x: met"]
+    assert lines == ["whole round, capture, digest fast: x1.12 (1.10-1.20) over 3 runs <= 1.15x: met",
+                     "loop, capture, digest fast: x1.09 (1.08-1.30) over 3 runs <= 1.15x: met"]
     lines, met = checks.bench_verdicts({"runs": runs, "baseline": [_run(1.3, 1.2)] * 3}, 1.1)
     assert not met
     assert lines[0].endswith("> 1.1x: NOT MET; the baseline x1.30 (1.30-1.30)")
