@@ -74,10 +74,10 @@ STAGES: dict[str, tuple[Command, ...]] = {
             _row("MLP, hidden 4096, ffn 11008, 4096 tokens", ("--model", "mlp", *LARGE, "--steps", "30"), 300, 1.3)),
     "layers": (_row("TransformerLayer", ("--model", "layer", *LARGE, "--steps", "30"), 270, 1.15),
                _row("MoE layer, 4 experts, top 2", ("--model", "moe-layer", *LARGE, "--steps", "30"), 290, 1.2)),
-    "gpt": (_row("GPTModel, 8 layers, vocab 32000", ("--model", "gpt", "--steps", "6"), 540, 1.1),),
+    "gpt": (_row("GPTModel, 8 layers, vocab 32000", ("--model", "gpt", *LARGE, "--steps", "6"), 540, 1.1),),
     "optimizer": (_row("TransformerLayer with Float16Optimizer", ("--model", "layer", *LARGE, "--steps", "30", "--optimizer"),
                        240, 1.3),
-                  _row("GPTModel with Float16Optimizer", ("--model", "gpt", "--steps", "6", "--optimizer"), 330, 1.3)),
+                  _row("GPTModel with Float16Optimizer", ("--model", "gpt", *LARGE, "--steps", "6", "--optimizer"), 330, 1.3)),
 }
 
 

@@ -25,6 +25,16 @@ def test_every_bench_row_is_three_runs_of_the_fast_digest_capture_on_cuda_that_t
         assert parsed.runs >= 3 and parsed.rounds >= 3, command.label
 
 
+def test_every_row_but_the_small_mlp_runs_the_capture_guide_s_layer_sizes(torch):
+    # the guide's layer, MoE, larger MLP and GPTModel ("8 such layers") rows: hidden 4096, ffn 11008, 4096 tokens
+    checks, bench = load_script("gpu_checks"), load_script("bench_capture")
+    rows = [command for stage in checks.STAGES.values() for command in stage if command.target is not None]
+    for command in rows:
+        parsed = bench.options().parse_args(list(command.argv[1:]))
+        sizes = (parsed.hidden, parsed.ffn, parsed.tokens)
+        assert sizes == ((1024, 4096, 2048) if "1024" in command.label else (4096, 11008, 4096)), command.label
+
+
 def test_the_digest_stage_is_a_check_of_the_grouped_path_that_the_check_accepts(torch, tmp_path):
     checks, check = load_script("gpu_checks"), load_script("check_fast_digest")
     (command,) = checks.STAGES["digest"]
