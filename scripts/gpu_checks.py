@@ -180,7 +180,8 @@ def machine() -> dict[str, str]:
     names = [line.split(":", 1)[1].strip() for line in cpu.read_text().splitlines()
              if line.startswith("model name")] if cpu.is_file() else []
     facts["cpu"] = f"{names[0]}, {len(names)} threads" if names else platform.processor() or "unknown"
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False) \
+    # "-dirty": the files run are not that commit's (a lent machine's copy came with an older .git)
+    head = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, check=False) \
         if shutil.which("git") else None
     facts["commit"] = head.stdout.strip() if head and head.returncode == 0 else "not a git checkout"
     return facts
