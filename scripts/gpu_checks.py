@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -34,6 +33,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from harness.machine import cpu_model, nvidia_smi, python_version, version_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs_in_turns import is_checkout, median_range, turn_medians  # noqa: E402
@@ -164,22 +165,12 @@ def digest_verdicts(figures: dict) -> tuple[list[str], bool]:
 
 def machine() -> dict[str, str]:
     """Where and with what the checks ran."""
-    from importlib import metadata
-
-    facts = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-             "python": platform.python_version()}
+    facts = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), "python": python_version()}
     for package in ("torch", "triton", "megatron-core", "numpy"):
-        try:
-            facts[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            facts[package] = "not installed"
-    queried = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=False) if shutil.which("nvidia-smi") else None
-    facts["gpu"] = queried.stdout.strip() if queried and queried.returncode == 0 else "none found"
-    cpu = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpu.read_text().splitlines()
-             if line.startswith("model name")] if cpu.is_file() else []
-    facts["cpu"] = f"{names[0]}, {len(names)} threads" if names else platform.processor() or "unknown"
+        facts[package] = version_of(package) or "not installed"
+    facts["gpu"] = nvidia_smi("name,driver_version") or "none found"
+    model = cpu_model()
+    facts["cpu"] = f"{model}, {os.cpu_count()} threads" if model else "unknown"
     # "-dirty": the files run are not that commit's (a lent machine's copy came with an older .git)
     head = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, check=False) \
         if shutil.which("git") else None
